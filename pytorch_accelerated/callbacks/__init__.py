@@ -1,0 +1,40 @@
+"""Callbacks: observers of the training loop, and the built-in ones."""
+
+from .base import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
+from .defaults import (
+    LogMetricsCallback,
+    MoveModulesToDeviceCallback,
+    PrintProgressCallback,
+    ProgressBarCallback,
+    TerminateOnNaNCallback,
+)
+
+
+def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
+    """The default callback classes, with or without the progress bar."""
+    bar: tuple[type[TrainerCallback], ...] = (ProgressBarCallback,) if progress_bar else ()
+    return (
+        MoveModulesToDeviceCallback,
+        TerminateOnNaNCallback,
+        PrintProgressCallback,
+        *bar,
+        LogMetricsCallback,
+    )
+
+
+#: MoveModulesToDevice, TerminateOnNaN, PrintProgress, ProgressBar, LogMetrics.
+DEFAULT_CALLBACKS = get_default_callbacks()
+
+__all__ = [
+    "TRAINER_EVENTS",
+    "TrainerCallback",
+    "CallbackHandler",
+    "StopTrainingError",
+    "get_default_callbacks",
+    "DEFAULT_CALLBACKS",
+    "MoveModulesToDeviceCallback",
+    "TerminateOnNaNCallback",
+    "PrintProgressCallback",
+    "ProgressBarCallback",
+    "LogMetricsCallback",
+]

@@ -1,0 +1,165 @@
+"""The five callbacks every Trainer gets unless told otherwise."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .base import StopTrainingError, TrainerCallback
+
+
+class MoveModulesToDeviceCallback(TrainerCallback):
+    """Move every ``nn.Module`` attribute of the Trainer other than the model (e.g. a loss
+    function with a class-weight buffer) to the Trainer's device at the start of each run."""
+
+    def _move_modules(self, trainer: Any) -> None:
+        for name, value in vars(trainer).items():
+            if isinstance(value, nn.Module) and name != "model" and value is not trainer.model:
+                value.to(trainer.device)
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._move_modules(trainer)
+
+    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._move_modules(trainer)
+
+
+class TerminateOnNaNCallback(TrainerCallback):
+    """Stop training when a training loss is NaN or infinite, on every process at once.
+
+    Non-finite losses are flagged on the device as they happen; every ``check_every_n_steps``
+    batches (and at the end of each epoch) the processes agree whether any saw one, and if so
+    all raise :class:`StopTrainingError` at the same step, so the run ends through the normal
+    end hooks. Checking less often than every batch avoids a device-to-host sync per step.
+    """
+
+    def __init__(self, check_every_n_steps: int = 10) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}.")
+        self.check_every_n_steps = check_every_n_steps
+        self._non_finite: torch.Tensor | None = None
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._non_finite = None
+
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        loss = batch_output["loss"].detach()
+        bad = ~torch.isfinite(loss)
+        self._non_finite = bad if self._non_finite is None else self._non_finite | bad
+        if (step + 1) % self.check_every_n_steps == 0:
+            self._stop_if_non_finite(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._stop_if_non_finite(trainer)
+
+    def _stop_if_non_finite(self, trainer: Any) -> None:
+        flag = self._non_finite if self._non_finite is not None else False
+        if trainer.any_process(flag):
+            trainer.print(
+                f"A non-finite training loss was seen by step {trainer.progress.global_step} "
+                f"of epoch {trainer.progress.epoch + 1}; stopping the run."
+            )
+            raise StopTrainingError("non-finite training loss")
+
+
+class PrintProgressCallback(TrainerCallback):
+    """Print a line when a run starts and ends and when each epoch starts."""
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        config = trainer.run_config
+        trainer.print(
+            f"\nStarting training run: {config.num_epochs} epochs, "
+            f"{config.num_update_steps_per_epoch} updates per epoch, {config.num_processes} process(es)"
+        )
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.print(f"\nStarting epoch {trainer.run_history.current_epoch}")
+
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.print("Finishing training run")
+
+    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.print("\nStarting evaluation run")
+
+    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.print("Finishing evaluation run")
+
+
+class ProgressBarCallback(TrainerCallback):
+    """A tqdm progress bar for each epoch, on each node's main process only.
+
+    The training bar shows the epoch's running loss and the learning rate. They are read
+    only when tqdm redraws the bar (at most ten times a second), because reading a loss from
+    the GPU forces the host to wait for it.
+    """
+
+    def __init__(self) -> None:
+        self.pbar: Any = None
+
+    def _open(self, trainer: Any, dataloader: Any, desc: str) -> None:
+        self.pbar = tqdm(
+            total=len(dataloader),
+            desc=desc,
+            disable=not trainer.is_local_process_zero,
+            leave=False,
+            dynamic_ncols=True,
+        )
+
+    def _close(self) -> None:
+        if self.pbar is not None:
+            self.pbar.close()
+            self.pbar = None
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._open(trainer, trainer.train_dataloader, "train")
+
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        if self.pbar is not None and self.pbar.update(1):
+            postfix = {"loss": f"{trainer.running_loss:.4g}"}
+            if trainer.optimizer is not None:
+                postfix["lr"] = f"{trainer.optimizer.param_groups[0]['lr']:.3g}"
+            self.pbar.set_postfix(postfix, refresh=False)
+
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._close()
+
+    def on_eval_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._open(trainer, trainer.eval_dataloader, "eval")
+
+    def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
+        if self.pbar is not None:
+            self.pbar.update(1)
+
+    def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._close()
+
+    def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
+        self._close()
+
+
+class LogMetricsCallback(TrainerCallback):
+    """Print the latest value of every metric after each epoch and each evaluation run.
+
+    Override :meth:`log_metrics` to send them elsewhere.
+    """
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._log_latest(trainer)
+
+    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._log_latest(trainer)
+
+    def _log_latest(self, trainer: Any) -> None:
+        history = trainer.run_history
+        metrics = {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())}
+        self.log_metrics(trainer, metrics)
+
+    def log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """Print ``metrics`` on the main process of each node."""
+        for name, value in metrics.items():
+            shown = f"{value:.6g}" if isinstance(value, float) and math.isfinite(value) else value
+            trainer.print(f"{name}: {shown}")

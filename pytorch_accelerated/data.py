@@ -1,0 +1,124 @@
+"""Samplers and data-loading helpers used by the Trainer.
+
+Training shuffles with :class:`ReproducibleShuffleSampler`, whose order depends only on a
+seed and the epoch, so a run can be repeated (and, later, resumed) exactly; accelerate then
+shards its batches across processes.
+
+Evaluation uses :class:`ShardedEvalBatchSampler`: every process gets the same number of
+batches (so collective calls made per batch line up and never hang) and every sample exactly
+once (no padding with duplicated samples, which would bias the evaluation loss and metrics).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from accelerate.utils import send_to_device
+from torch.utils.data import Dataset, Sampler
+
+
+class ReproducibleShuffleSampler(Sampler[int]):
+    """A random permutation of ``range(num_samples)`` determined by ``seed`` and the epoch.
+
+    Call :meth:`set_epoch` before each epoch; the Trainer does.
+    """
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class ShardedEvalBatchSampler(Sampler[list[int]]):
+    """Splits ``range(num_samples)`` over processes with no padding and equal batch counts.
+
+    Process ``p`` takes indices ``p, p + P, p + 2P, ...``; these are cut into
+    ``ceil(ceil(N / P) / batch_size)`` batches, all full but the last ones, none empty.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, num_processes: int = 1, process_index: int = 0):
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.num_batches = math.ceil(math.ceil(num_samples / num_processes) / batch_size)
+        self.indices = range(process_index, num_samples, num_processes)
+        if len(self.indices) < self.num_batches:
+            raise ValueError(
+                f"The evaluation data set of {num_samples} samples cannot be split over "
+                f"{num_processes} processes in {self.num_batches} batches of at most {batch_size} "
+                f"without giving process {process_index} an empty batch. Use a larger evaluation "
+                f"set, fewer processes, or a larger per_device_batch_size."
+            )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = 0
+        for batch_number in range(self.num_batches):
+            batches_after = self.num_batches - batch_number - 1
+            # Leave at least one sample for each batch still to come, so none is empty.
+            size = min(self.batch_size, len(self.indices) - start - batches_after)
+            yield list(self.indices[start : start + size])
+            start += size
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+
+class DeviceDataLoader:
+    """Iterates over a data loader and moves each batch to ``device``."""
+
+    def __init__(self, dataloader: torch.utils.data.DataLoader, device: torch.device) -> None:
+        self.dataloader = dataloader
+        self.device = device
+        self.non_blocking = bool(getattr(dataloader, "pin_memory", False))
+
+    @property
+    def dataset(self) -> Any:
+        return self.dataloader.dataset
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.dataloader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.dataloader:
+            yield send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
+
+def is_map_style(dataset: Any) -> bool:
+    return isinstance(dataset, Dataset) and hasattr(dataset, "__len__") and not isinstance(
+        dataset, torch.utils.data.IterableDataset
+    )
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """Seed ``random`` and numpy in a data-loader worker from the seed torch gave that worker.
+
+    torch seeds each worker with ``base_seed + worker_id``, where ``base_seed`` comes from the
+    data loader's generator; seeding the other libraries from it makes augmentations that use
+    them reproducible and different in each worker.
+    """
+    worker_seed = torch.initial_seed() % 2**32
+    random.seed(worker_seed)
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional
+        return
+    np.random.seed(worker_seed)

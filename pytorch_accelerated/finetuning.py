@@ -1,0 +1,191 @@
+"""Freeze and unfreeze parts of a model, for transfer learning and gradual unfreezing.
+
+A model's *layer groups* are its direct children (``model.children()``), numbered from 0. Each group
+holds *layers*: the submodules that own parameters directly, or have no children. Freezing a group
+sets ``requires_grad=False`` on its parameters; batch-norm layers are left alone unless the freezer
+was created with ``freeze_batch_norms=True``, because fine-tuning usually works best when their
+affine parameters keep adapting to the new data.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Tuple
+
+import torch.nn as nn
+from accelerate.utils import extract_model_from_parallel
+from torch.nn.modules.batchnorm import _BatchNorm
+
+__all__ = ["Layer", "LayerGroup", "ModelFreezer"]
+
+
+@dataclass
+class Layer:
+    """A parameter-holding (or leaf) submodule of a layer group.
+
+    Attributes:
+        layer_group_idx: The index of the layer group this layer belongs to.
+        name: The layer's qualified name in the model, as in ``model.named_modules()``.
+        module: The layer itself.
+    """
+
+    layer_group_idx: int
+    name: str
+    module: nn.Module
+
+    @property
+    def is_frozen(self) -> bool:
+        """True when the layer has parameters and none of them require gradients."""
+        params = list(self.module.parameters(recurse=False))
+        return bool(params) and not any(p.requires_grad for p in params)
+
+
+@dataclass
+class LayerGroup:
+    """A direct child of the model: the unit that is frozen and unfrozen.
+
+    Attributes:
+        index: The group's position in ``model.children()``, starting at 0.
+        module: The child module.
+    """
+
+    index: int
+    module: nn.Module
+
+    @property
+    def is_frozen(self) -> bool:
+        """True when the group has parameters and none of them require gradients."""
+        params = list(self.module.parameters())
+        return bool(params) and not any(p.requires_grad for p in params)
+
+
+class ModelFreezer:
+    """Freezes and unfreezes a model's layer groups (its direct children).
+
+    Indices are inclusive at both ends, may be negative (``-1`` is the last group) and may be given
+    in either order: ``freeze(0, 2)`` and ``freeze(2, 0)`` freeze the same three groups.
+
+    Args:
+        model: The model to manage. A model wrapped by DistributedDataParallel or ``torch.compile``
+            is unwrapped. Freeze before wrapping a model in DistributedDataParallel: DDP only
+            registers gradient hooks for the parameters that require gradients when it is created.
+        freeze_batch_norms: Whether batch-norm layers are frozen (and have their mode set) with the
+            rest of their group. By default they stay trainable and keep their current mode.
+
+    Raises:
+        ValueError: If the model has no child modules, so there is nothing to freeze.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> freezer = ModelFreezer(model)
+        >>> freezer.freeze()  # every group but the last
+        >>> [p.shape for p in freezer.get_trainable_parameters()]
+        [torch.Size([2, 8]), torch.Size([2])]
+        >>> sorted(freezer.unfreeze(from_index=0, to_index=0))
+        [0]
+    """
+
+    def __init__(self, model: nn.Module, freeze_batch_norms: bool = False) -> None:
+        self.model = extract_model_from_parallel(model, keep_torch_compile=False)
+        self.freeze_batch_norms = freeze_batch_norms
+        if not self.get_layer_groups():
+            raise ValueError(
+                f"ModelFreezer needs a model with child modules to use as layer groups, but "
+                f"{type(self.model).__name__} has none. Wrap it in a container, e.g. "
+                f"nn.Sequential(model), or freeze its parameters directly with requires_grad_(False)."
+            )
+
+    def get_layer_groups(self) -> List[LayerGroup]:
+        """Returns the model's direct children as layer groups, in order."""
+        return [LayerGroup(index, module) for index, module in enumerate(self.model.children())]
+
+    def get_layers(self) -> List[Layer]:
+        """Returns every layer of every group: submodules that own parameters or have no children."""
+        layers = []
+        for group_index, (group_name, group) in enumerate(self.model.named_children()):
+            for name, module in group.named_modules(prefix=group_name):
+                owns_params = next(module.parameters(recurse=False), None) is not None
+                is_leaf = next(module.children(), None) is None
+                if owns_params or is_leaf:
+                    layers.append(Layer(group_index, name, module))
+        return layers
+
+    def get_trainable_parameters(self) -> List[nn.Parameter]:
+        """Returns the model's parameters that require gradients: the ones to give an optimizer."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def freeze(self, from_index: int = 0, to_index: int = -2, set_modules_as_eval: bool = False) -> None:
+        """Freezes the layer groups from ``from_index`` to ``to_index``, both included.
+
+        Args:
+            from_index: The first group to freeze. Defaults to the first group.
+            to_index: The last group to freeze. Defaults to the one before last, which leaves the
+                usual classification head trainable.
+            set_modules_as_eval: Whether to also put the frozen modules in eval mode, so that
+                dropout and (if frozen) batch-norm statistics stop changing. Note that a later
+                ``model.train()`` call, such as the Trainer's at each epoch start, undoes this.
+
+        Raises:
+            IndexError: If an index is outside the model's layer groups.
+        """
+        for _, module in self._managed_modules(from_index, to_index):
+            for param in module.parameters(recurse=False):
+                param.requires_grad = False
+            if set_modules_as_eval:
+                module.training = False
+
+    def unfreeze(
+        self, from_index: int = -1, to_index: int = 0, set_modules_as_training: bool = True
+    ) -> Dict[int, Dict[str, List[nn.Parameter]]]:
+        """Unfreezes the layer groups from ``from_index`` to ``to_index``, both included.
+
+        Only parameters that were frozen are returned, so calling this again, or on a range that
+        overlaps an earlier call, never hands the optimizer a parameter it already has; this
+        assumes the optimizer was built from :meth:`get_trainable_parameters`, not from every
+        parameter of the model.
+
+        Args:
+            from_index: The first group to unfreeze. Defaults to the last group.
+            to_index: The last group to unfreeze. Defaults to the first group.
+            set_modules_as_training: Whether to also put the unfrozen modules in training mode.
+
+        Returns:
+            For each group that had parameters unfrozen, ``{group_index: {"params": [...]}}``; each
+            value can be passed to ``optimizer.add_param_group``, optionally with its own ``lr``.
+
+        Raises:
+            IndexError: If an index is outside the model's layer groups.
+        """
+        unfrozen: Dict[int, Dict[str, List[nn.Parameter]]] = {}
+        for group_index, module in self._managed_modules(from_index, to_index):
+            newly_trainable = [p for p in module.parameters(recurse=False) if not p.requires_grad]
+            for param in newly_trainable:
+                param.requires_grad = True
+            if newly_trainable:
+                unfrozen.setdefault(group_index, {"params": []})["params"].extend(newly_trainable)
+            if set_modules_as_training:
+                module.training = True
+        return unfrozen
+
+    def _managed_modules(self, from_index: int, to_index: int) -> Iterator[Tuple[int, nn.Module]]:
+        """Yields ``(group_index, module)`` for every module this freezer manages in the range.
+
+        Modes are set module by module rather than with ``group.train()``, which would recurse into
+        batch-norm layers that must keep their mode.
+        """
+        first, last = sorted((self._resolve_index(from_index), self._resolve_index(to_index)))
+        for group in self.get_layer_groups()[first : last + 1]:
+            for module in group.module.modules():
+                if isinstance(module, _BatchNorm) and not self.freeze_batch_norms:
+                    continue
+                yield group.index, module
+
+    def _resolve_index(self, index: int) -> int:
+        """Turns a possibly negative group index into a non-negative one, checking its range."""
+        num_groups = len(self.get_layer_groups())
+        if not -num_groups <= index < num_groups:
+            raise IndexError(
+                f"Layer group index {index} is out of range: the model has {num_groups} layer "
+                f"groups, so valid indices are 0 to {num_groups - 1}, or -{num_groups} to -1 from "
+                f"the end. See get_layer_groups() for what each index is."
+            )
+        return index % num_groups

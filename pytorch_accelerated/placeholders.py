@@ -1,0 +1,123 @@
+"""Placeholders for values that are only known once a training run has started.
+
+A scheduler factory is usually written before the data loaders exist, so the number of
+optimizer steps per epoch is not known yet. Put a :class:`TrainerPlaceholderValues` member
+(optionally with ``* k`` or ``+ k``) in the keyword arguments of a ``functools.partial`` and
+the Trainer replaces it with the run's real value when it creates the scheduler::
+
+    create_scheduler_fn = functools.partial(
+        torch.optim.lr_scheduler.OneCycleLR,
+        max_lr=0.1,
+        epochs=TrainerPlaceholderValues.NUM_EPOCHS,
+        steps_per_epoch=TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH,
+    )
+
+Values are resolved by attribute lookup on the trainer; nothing is ever ``eval``-ed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+
+class _Expression:
+    """A placeholder with arithmetic applied to it, e.g. ``NUM_EPOCHS * 2 + 1``."""
+
+    def __init__(self, placeholder: TrainerPlaceholderValues, ops: tuple[tuple[str, Any], ...] = ()):
+        self.placeholder = placeholder
+        self.ops = ops
+
+    def __mul__(self, other: Any) -> _Expression:
+        return _Expression(self.placeholder, (*self.ops, ("*", other)))
+
+    def __add__(self, other: Any) -> _Expression:
+        return _Expression(self.placeholder, (*self.ops, ("+", other)))
+
+    __rmul__ = __mul__
+    __radd__ = __add__
+
+    def resolve(self, trainer: Any) -> Any:
+        value = self.placeholder.resolve(trainer)
+        for op, operand in self.ops:
+            value = value * operand if op == "*" else value + operand
+        return value
+
+    def __repr__(self) -> str:
+        return str(self.placeholder) + "".join(f" {op} {operand!r}" for op, operand in self.ops)
+
+
+def _train_dataloader_len(trainer: Any) -> int:
+    return len(trainer._train_dataloader)
+
+
+def _eval_dataloader_len(trainer: Any) -> int:
+    return len(trainer._eval_dataloader)
+
+
+def _run_config_field(name: str) -> Callable[[Any], Any]:
+    def get(trainer: Any) -> Any:
+        return getattr(trainer.run_config, name)
+
+    return get
+
+
+_RESOLVERS: dict[str, Callable[[Any], Any]] = {
+    "NUM_EPOCHS": _run_config_field("num_epochs"),
+    "NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_update_steps_per_epoch"),
+    "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_local_update_steps_per_epoch"),
+    "TRAIN_DATALOADER_LEN": _train_dataloader_len,
+    "EVAL_DATALOADER_LEN": _eval_dataloader_len,
+}
+
+
+class TrainerPlaceholderValues(Enum):
+    """Values of a training run that are known only once ``train()`` has started.
+
+    ``NUM_UPDATE_STEPS_PER_EPOCH`` counts optimizer updates, which happen on every process at
+    once, so it is the same number on one process and on many (the original library multiplied
+    it by the number of processes). ``PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH`` is kept for
+    compatibility and has the same value. ``TRAIN_DATALOADER_LEN`` and ``EVAL_DATALOADER_LEN``
+    are the number of batches each process sees per epoch.
+    """
+
+    NUM_EPOCHS = "num_epochs"
+    NUM_UPDATE_STEPS_PER_EPOCH = "num_update_steps_per_epoch"
+    PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH = "num_local_update_steps_per_epoch"
+    TRAIN_DATALOADER_LEN = "train_dataloader_len"
+    EVAL_DATALOADER_LEN = "eval_dataloader_len"
+
+    def resolve(self, trainer: Any) -> Any:
+        """Return this placeholder's value for ``trainer``'s current run."""
+        return _RESOLVERS[self.name](trainer)
+
+    def __mul__(self, other: Any) -> _Expression:
+        return _Expression(self) * other
+
+    def __add__(self, other: Any) -> _Expression:
+        return _Expression(self) + other
+
+    __rmul__ = __mul__
+    __radd__ = __add__
+
+
+def is_placeholder(value: Any) -> bool:
+    return isinstance(value, (TrainerPlaceholderValues, _Expression))
+
+
+def replace_trainer_placeholder_values(trainer: Any, instance: Any) -> Any:
+    """Return ``instance`` with every placeholder argument replaced by its value for ``trainer``.
+
+    ``instance`` is a ``functools.partial`` (placeholders may be positional or keyword
+    arguments); anything else is returned unchanged.
+    """
+    if not isinstance(instance, functools.partial):
+        return instance
+    args = tuple(value.resolve(trainer) if is_placeholder(value) else value for value in instance.args)
+    keywords = {
+        key: value.resolve(trainer) if is_placeholder(value) else value
+        for key, value in instance.keywords.items()
+    }
+    return functools.partial(instance.func, *args, **keywords)

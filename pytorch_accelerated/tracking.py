@@ -1,0 +1,165 @@
+"""Run history and loss tracking.
+
+The run history holds one value per epoch for each metric (``train_loss_epoch``,
+``eval_loss_epoch``, anything a callback records); :class:`LossTracker` averages per-batch
+losses without forcing a device-to-host copy on every step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+
+class RunHistory(ABC):
+    """The interface of a store for the metrics recorded during training runs."""
+
+    @abstractmethod
+    def get_metric_names(self) -> set[str]:
+        """Return the names of every metric recorded so far."""
+
+    @abstractmethod
+    def get_metric_values(self, metric_name: str) -> list[Any]:
+        """Return every value recorded for ``metric_name``, oldest first."""
+
+    @abstractmethod
+    def get_latest_metric(self, metric_name: str) -> Any:
+        """Return the most recent value of ``metric_name``."""
+
+    @abstractmethod
+    def update_metric(self, metric_name: str, metric_value: Any) -> None:
+        """Record ``metric_value`` for ``metric_name`` (with the current prefix)."""
+
+    @abstractmethod
+    def delete_metric(self, metric_name: str) -> None:
+        """Forget every value of ``metric_name``."""
+
+    @abstractmethod
+    def set_metric_name_prefix(self, prefix: str = "") -> None:
+        """Prepend ``prefix`` to the names of metrics recorded from now on."""
+
+    @property
+    @abstractmethod
+    def metric_name_prefix(self) -> str:
+        """The prefix added to metric names when they are recorded."""
+
+    @property
+    @abstractmethod
+    def current_epoch(self) -> int:
+        """The epoch being run, starting at 1."""
+
+    @abstractmethod
+    def _increment_epoch(self) -> None:
+        """Move on to the next epoch (called by the Trainer at the end of each epoch)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every metric and start again at epoch 1."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the history as plain Python values, for saving training state."""
+        return {
+            "metrics": {name: list(self.get_metric_values(name)) for name in self.get_metric_names()},
+            "current_epoch": self.current_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a history saved by :meth:`state_dict`."""
+        self.reset()
+        prefix = self.metric_name_prefix
+        self.set_metric_name_prefix("")
+        for name, values in state["metrics"].items():
+            for value in values:
+                self.update_metric(name, value)
+        self.set_metric_name_prefix(prefix)
+        while self.current_epoch < state["current_epoch"]:
+            self._increment_epoch()
+
+
+class InMemoryRunHistory(RunHistory):
+    """A :class:`RunHistory` that keeps every value in memory."""
+
+    def __init__(self) -> None:
+        self._metrics: defaultdict[str, list[Any]] = defaultdict(list)
+        self._current_epoch = 1
+        self._prefix = ""
+
+    def get_metric_names(self) -> set[str]:
+        return set(self._metrics)
+
+    def get_metric_values(self, metric_name: str) -> list[Any]:
+        return self._metrics.get(metric_name, [])
+
+    def get_latest_metric(self, metric_name: str) -> Any:
+        values = self._metrics.get(metric_name)
+        if not values:
+            known = ", ".join(sorted(self._metrics)) or "none yet"
+            raise KeyError(
+                f"No values recorded for metric {metric_name!r}. Recorded metrics: {known}."
+            )
+        return values[-1]
+
+    def update_metric(self, metric_name: str, metric_value: Any) -> None:
+        self._metrics[f"{self._prefix}{metric_name}"].append(metric_value)
+
+    def delete_metric(self, metric_name: str) -> None:
+        self._metrics.pop(metric_name, None)
+
+    def set_metric_name_prefix(self, prefix: str = "") -> None:
+        self._prefix = prefix
+
+    @property
+    def metric_name_prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def current_epoch(self) -> int:
+        return self._current_epoch
+
+    def _increment_epoch(self) -> None:
+        self._current_epoch += 1
+
+    def reset(self) -> None:
+        self._metrics = defaultdict(list)
+        self._current_epoch = 1
+        self._prefix = ""
+
+
+class LossTracker:
+    """A weighted running average of batch losses.
+
+    Values may be tensors on any device: they are summed on that device, so that nothing is
+    copied to the host until :attr:`average` is read (a device-to-host copy is a sync point,
+    which would stall the GPU on every step).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new average."""
+        self.loss_value: Any = 0.0
+        self.running_total: Any = 0.0
+        self.count: Any = 0
+
+    def update(self, loss_batch_value: Any, batch_size: Any = 1) -> None:
+        """Add a batch whose mean loss is ``loss_batch_value`` over ``batch_size`` items."""
+        if isinstance(loss_batch_value, torch.Tensor):
+            loss_batch_value = loss_batch_value.detach()
+        self.loss_value = loss_batch_value
+        self.running_total = self.running_total + loss_batch_value * batch_size
+        self.count = self.count + batch_size
+
+    @property
+    def total(self) -> float:
+        """The weighted sum of every loss added (a host float)."""
+        return float(self.running_total)
+
+    @property
+    def average(self) -> float:
+        """The weighted mean of every loss added, or ``nan`` before the first update."""
+        count = float(self.count)
+        return float(self.running_total) / count if count else float("nan")

@@ -1,0 +1,808 @@
+"""The Trainer: ``train`` -> ``_run_training`` -> ``_run_train_epoch`` -> one method per ML step.
+
+Methods without a prefix are meant to be overridden (``create_*`` / ``calculate_*`` / ``get_*``
+return a value, the others change state); each is followed by the callback event of the same
+name with ``on_`` in front. The order of events is documented in docs/inside-the-trainer.md
+and pinned by tests/test_event_order.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import checkpointing
+from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
+from .data import DeviceDataLoader, ReproducibleShuffleSampler, ShardedEvalBatchSampler, is_map_style, worker_init_fn
+from .distributed import gather_ragged
+from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
+from .run_config import RunProgress, TrainerRunConfig
+from .tracking import InMemoryRunHistory, LossTracker, RunHistory
+from .validation import check_batch_output, check_dataset, check_positive_int, check_train_arguments
+
+__all__ = [
+    "Trainer",
+    "TrainerPlaceholderValues",
+    "DEFAULT_CALLBACKS",
+    "TrainerWithTimmScheduler",
+    "replace_trainer_placeholder_values",
+]
+
+
+class Trainer:
+    """Trains and evaluates a model with a complete, distributed-ready loop.
+
+    Args:
+        model: the ``nn.Module`` to train.
+        loss_func: called as ``loss_func(model_outputs, targets)`` by the default
+            ``calculate_*_batch_loss``; may be None if those are overridden.
+        optimizer: the ``torch.optim.Optimizer``; may be None for evaluation only.
+        callbacks: callback instances or classes, called in this order. Replaces
+            :data:`DEFAULT_CALLBACKS`; to add to them use ``(*DEFAULT_CALLBACKS, MyCallback())``.
+        run_history: where metrics are recorded; an :class:`InMemoryRunHistory` by default.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_func: Callable[..., torch.Tensor] | None,
+        optimizer: torch.optim.Optimizer | None,
+        callbacks: Iterable[TrainerCallback | type[TrainerCallback]] = DEFAULT_CALLBACKS,
+        run_history: RunHistory | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap your function in "
+                f"an nn.Module subclass whose forward() computes the model outputs."
+            )
+        if loss_func is not None and not callable(loss_func):
+            raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. Create "
+                f"it from the model's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.01)."
+            )
+        self.model = model
+        self.loss_func = loss_func
+        self.optimizer = optimizer
+        self.callback_handler = CallbackHandler(callbacks)
+        self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
+        self._accelerator = self._create_accelerator()
+        self._check_accelerator()
+        self.scheduler: Any = None
+        self.create_scheduler_fn: Callable[..., Any] | None = None
+        self.collate_fn: Callable[..., Any] | None = None
+        self.train_dataset: Any = None
+        self.eval_dataset: Any = None
+        self.run_config: TrainerRunConfig | None = None
+        self.progress = RunProgress()
+        self._train_dataloader: Any = None
+        self._eval_dataloader: Any = None
+        self._train_sampler: ReproducibleShuffleSampler | None = None
+        self._seed: int | None = None
+        self._prepared_model: nn.Module | None = None
+        self._prepared_optimizer: Any = None
+        self._train_loss = LossTracker()
+        self._eval_loss = LossTracker()
+        self._loss_weight_unit: float | None = None
+        self.callback_handler.call_event("on_init_end", self)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _create_accelerator(self) -> Accelerator:
+        """Create the ``accelerate.Accelerator``; override to set mixed precision, plugins, etc.
+
+        Configuration from ``accelerate config``, ``accelerate launch`` or the environment
+        applies as usual. Do not set accelerate's ``gradient_accumulation_steps``: pass
+        ``gradient_accumulation_steps`` to :meth:`train` instead.
+
+        When the script was launched as a group of processes (``WORLD_SIZE`` > 1) on a machine
+        with no accelerator, the processes form a CPU (gloo) group, as ``ACCELERATE_USE_CPU=1``
+        would make them: accelerate alone would leave each one training the whole run.
+        """
+        launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        return Accelerator(cpu=launched_as_group and not _has_accelerator_device())
+
+    def _check_accelerator(self) -> None:
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != self._accelerator.num_processes:
+            raise RuntimeError(
+                f"The launcher started {launched} processes (WORLD_SIZE={launched}), but each one "
+                f"joined a group of {self._accelerator.num_processes}: they would all train the whole "
+                f"run separately. On a machine without GPUs, launch with `torchrun --nproc_per_node "
+                f"{launched} script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch "
+                f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
+            )
+        if self._accelerator.gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"The Accelerator was configured with gradient_accumulation_steps="
+                f"{self._accelerator.gradient_accumulation_steps}; the Trainer handles accumulation "
+                f"itself. Remove it from the accelerate config and pass "
+                f"train(gradient_accumulation_steps=...) instead."
+            )
+
+    # ------------------------------------------------------------------ public entry points
+
+    def train(
+        self,
+        train_dataset: Any,
+        num_epochs: int,
+        eval_dataset: Any = None,
+        per_device_batch_size: int = 8,
+        max_num_train_steps: int | None = None,
+        gradient_accumulation_steps: int = 1,
+        gradient_clip_value: float | None = None,
+        create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None,
+        train_dataloader_kwargs: dict[str, Any] | None = None,
+        eval_dataloader_kwargs: dict[str, Any] | None = None,
+        reset_run_history: bool = True,
+        collate_fn: Callable[..., Any] | None = None,
+        resume_from: str | os.PathLike | None = None,
+        *,
+        max_grad_norm: float | None = None,
+        seed: int | None = 42,
+    ) -> None:
+        """Train for ``num_epochs`` (or ``max_num_train_steps`` optimizer updates), evaluating
+        on ``eval_dataset`` after each epoch.
+
+        Args:
+            per_device_batch_size: samples per batch on each process.
+            max_num_train_steps: stop after this many optimizer updates (the same number on
+                one process and on many); the number of epochs then follows from it.
+            gradient_accumulation_steps: batches per optimizer update.
+            gradient_clip_value: clip each gradient element to [-v, v] before each update.
+            max_grad_norm: clip the total gradient norm to this value before each update.
+            create_scheduler_fn: ``f(optimizer) -> scheduler``; stepped once per update.
+            seed: seeds every RNG (python, numpy, torch) and the shuffle order; None leaves
+                the RNGs alone.
+        """
+        if self.optimizer is None:
+            raise ValueError(
+                "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
+                "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
+            )
+        if resume_from is not None:
+            raise NotImplementedError(
+                "resume_from is not available in this version: training-state resume is being "
+                "built. Use load_checkpoint() to restore model and optimizer weights."
+            )
+        check_train_arguments(
+            num_epochs=num_epochs,
+            per_device_batch_size=per_device_batch_size,
+            max_num_train_steps=max_num_train_steps,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            max_grad_norm=max_grad_norm,
+        )
+        check_dataset(train_dataset, "train_dataset")
+        if eval_dataset is not None:
+            check_dataset(eval_dataset, "eval_dataset")
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.collate_fn = collate_fn
+        self.create_scheduler_fn = create_scheduler_fn
+        self._set_seed(seed)
+        if reset_run_history:
+            self.run_history.reset()
+        self.progress = RunProgress()
+
+        self._train_dataloader = self.create_train_dataloader(per_device_batch_size, train_dataloader_kwargs)
+        self._eval_dataloader = (
+            self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
+            if eval_dataset is not None
+            else None
+        )
+        self._prepare_model_optimizer_and_dataloaders()
+        self.run_config = self._create_run_config(
+            per_device_batch_size=per_device_batch_size,
+            num_epochs=num_epochs,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            max_num_train_steps=max_num_train_steps,
+            gradient_clip_value=gradient_clip_value,
+            max_grad_norm=max_grad_norm,
+            train_dl_kwargs=train_dataloader_kwargs,
+            eval_dl_kwargs=eval_dataloader_kwargs,
+        )
+        self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
+        self._run_training()
+
+    def evaluate(
+        self,
+        dataset: Any = None,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Callable[..., Any] | None = None,
+        *,
+        seed: int | None = 42,
+    ) -> dict[str, Any]:
+        """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``).
+
+        Records ``evaluation_loss`` in the run history, leaving the training history intact,
+        and returns every metric recorded during the evaluation, e.g.
+        ``{"evaluation_loss": 0.12, "accuracy": 0.97}``.
+        """
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset.")
+        check_positive_int(per_device_batch_size, "per_device_batch_size")
+        check_dataset(dataset, "dataset")
+        self.eval_dataset = dataset
+        if collate_fn is not None:
+            self.collate_fn = collate_fn
+        self._set_seed(seed)
+        self._eval_dataloader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+        self._prepare_model_optimizer_and_dataloaders()
+        recorded_before = {name: len(self.run_history.get_metric_values(name)) for name in self.run_history.get_metric_names()}
+
+        self._run_method_then_event("evaluation_run_start")
+        self._run_eval_epoch(self._eval_dataloader, is_evaluation_run=True)
+        self._run_method_then_event("evaluation_run_end")
+        return {
+            name: self.run_history.get_latest_metric(name)
+            for name in self.run_history.get_metric_names()
+            if len(self.run_history.get_metric_values(name)) > recorded_before.get(name, 0)
+        }
+
+    # ------------------------------------------------------------------ overridable: data
+
+    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
+        kwargs = self._default_dl_kwargs(self.train_dataset, batch_size)
+        kwargs["shuffle"] = True
+        return kwargs
+
+    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
+        kwargs = self._default_dl_kwargs(self.eval_dataset, batch_size)
+        kwargs["shuffle"] = False
+        return kwargs
+
+    def _default_dl_kwargs(self, dataset: Any, batch_size: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "batch_size": batch_size,
+            "pin_memory": self.device.type == "cuda",
+            "num_workers": self._default_num_workers(dataset, batch_size),
+            "worker_init_fn": worker_init_fn,
+        }
+        if self._seed is not None:
+            # Workers' base seed comes from this generator, not from the global RNG.
+            kwargs["generator"] = torch.Generator().manual_seed(self._seed)
+        return kwargs
+
+    def _default_num_workers(self, dataset: Any, batch_size: int) -> int:
+        # Worker processes cost a start-up per epoch and, on the CPU, compete with the training
+        # threads for the same cores: only use them where loading can overlap GPU work.
+        if self.device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
+            return 0
+        cpus = os.cpu_count() or 1
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", self._accelerator.num_processes))
+        return max(1, min(8, cpus // local_processes))
+
+    def _merge_dl_kwargs(self, defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+        kwargs = {**defaults, **(overrides or {})}
+        if "sampler" in (overrides or {}):
+            kwargs.pop("shuffle", None)
+        if "batch_sampler" in (overrides or {}):
+            for key in ("batch_size", "shuffle", "sampler", "drop_last"):
+                kwargs.pop(key, None)
+        if kwargs.get("num_workers", 0) == 0:
+            kwargs.pop("worker_init_fn", None)
+            kwargs.pop("persistent_workers", None)
+        return kwargs
+
+    def create_train_dataloader(self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
+        """Return the training ``DataLoader`` (before it is prepared for distribution)."""
+        kwargs = self._merge_dl_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+        self._train_sampler = None
+        if kwargs.pop("shuffle", False) and is_map_style(self.train_dataset):
+            self._train_sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
+            kwargs["sampler"] = self._train_sampler
+        return DataLoader(self.train_dataset, collate_fn=self.collate_fn, **kwargs)
+
+    def create_eval_dataloader(self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
+        """Return the evaluation ``DataLoader``.
+
+        By default every process gets its own share of the samples, each sample exactly once,
+        and the same number of batches (see :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`).
+        """
+        kwargs = self._merge_dl_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+        custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
+        if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
+            for key in ("batch_size", "shuffle", "drop_last"):
+                kwargs.pop(key, None)
+            kwargs["batch_sampler"] = ShardedEvalBatchSampler(
+                len(self.eval_dataset),
+                batch_size,
+                self._accelerator.num_processes,
+                self._accelerator.process_index,
+            )
+        return DataLoader(self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
+
+    def _prepare_model_optimizer_and_dataloaders(self) -> None:
+        """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
+        if self._prepared_model is None or self.model is not self._prepared_model:
+            self.model = self._accelerator.prepare(self.model)
+            self._prepared_model = self.model
+        if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
+            self.optimizer = self._accelerator.prepare(self.optimizer)
+            self._prepared_optimizer = self.optimizer
+        if self._train_dataloader is not None and isinstance(self._train_dataloader, DataLoader):
+            self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
+        self._eval_dataloader = self._prepare_eval_dataloader(self._eval_dataloader)
+
+    def _prepare_eval_dataloader(self, dataloader: Any) -> Any:
+        if not isinstance(dataloader, DataLoader):
+            return dataloader
+        if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
+            # Already split across processes: only move batches to the device.
+            return DeviceDataLoader(dataloader, self.device)
+        return self._accelerator.prepare(dataloader)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._seed = seed
+        if seed is not None:
+            set_seed(seed)
+
+    def _shuffle_seed(self) -> int:
+        if self._seed is not None:
+            return self._seed
+        # Every process must shuffle identically, so process 0 draws the seed for all.
+        drawn = [int(torch.randint(0, 2**31 - 1, ()).item())]
+        if self._accelerator.num_processes > 1:
+            broadcast_object_list(drawn)
+        return drawn[0]
+
+    # ------------------------------------------------------------------ run config and scheduler
+
+    def _create_run_config(
+        self,
+        per_device_batch_size: int,
+        num_epochs: int,
+        gradient_accumulation_steps: int,
+        max_num_train_steps: int | None,
+        gradient_clip_value: float | None,
+        train_dl_kwargs: dict[str, Any] | None = None,
+        eval_dl_kwargs: dict[str, Any] | None = None,
+        max_grad_norm: float | None = None,
+    ) -> TrainerRunConfig:
+        """Return the frozen :class:`TrainerRunConfig` for this run."""
+        num_batches = len(self._train_dataloader)
+        steps_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
+        if max_num_train_steps is not None:
+            num_epochs = math.ceil(max_num_train_steps / steps_per_epoch)
+        processes = self._accelerator.num_processes
+        return TrainerRunConfig(
+            num_epochs=num_epochs,
+            train_per_device_batch_size=per_device_batch_size,
+            train_dl_kwargs=dict(train_dl_kwargs or {}),
+            eval_per_device_batch_size=per_device_batch_size,
+            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            train_total_batch_size=per_device_batch_size * processes * gradient_accumulation_steps,
+            eval_total_batch_size=per_device_batch_size * processes,
+            num_update_steps_per_epoch=steps_per_epoch,
+            num_local_update_steps_per_epoch=steps_per_epoch,
+            max_num_train_steps=max_num_train_steps,
+            is_local_process_zero=self._accelerator.is_local_main_process,
+            is_world_process_zero=self._accelerator.is_main_process,
+            is_distributed=processes > 1,
+            mixed_precision=str(self._accelerator.mixed_precision),
+            num_processes=processes,
+            max_grad_norm=max_grad_norm,
+            seed=self._seed,
+        )
+
+    def create_scheduler(self) -> Any:
+        """Return the scheduler made by ``create_scheduler_fn`` with placeholders resolved."""
+        scheduler_fn = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
+        return scheduler_fn(self.optimizer)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run_method_then_event(self, name: str, **event_kwargs: Any) -> None:
+        getattr(self, name)()
+        self.callback_handler.call_event(f"on_{name}", self, **event_kwargs)
+
+    def _run_training(self) -> None:
+        """Run every epoch: train, evaluate, ``training_run_epoch_end``; stop early on
+        ``max_num_train_steps`` or a ``StopTrainingError``."""
+        assert self.run_config is not None
+        try:
+            self._run_method_then_event("training_run_start")
+            for epoch in range(self.progress.epoch, self.run_config.num_epochs):
+                self.progress.epoch = epoch
+                self._run_train_epoch(self._train_dataloader)
+                if self._eval_dataloader is not None:
+                    self._run_eval_epoch(self._eval_dataloader)
+                self._run_method_then_event("training_run_epoch_end")
+                self.run_history._increment_epoch()
+                if self._reached_max_steps():
+                    break
+        except StopTrainingError as error:
+            self.print(f"Training stopped: {error}")
+            self.callback_handler.call_event("on_stop_training_error", self)
+        self._run_method_then_event("training_run_end")
+
+    def _run_train_epoch(self, train_dl: Any) -> None:
+        """Run one training epoch over ``train_dl``."""
+        if self._train_sampler is not None:
+            self._train_sampler.set_epoch(self.progress.epoch)
+        self._run_method_then_event("train_epoch_start")
+        self._train_loss.reset()
+        self.progress.batch_index = self.progress.epoch_step = 0
+        num_batches = len(train_dl)
+        accumulation = self.run_config.gradient_accumulation_steps  # type: ignore[union-attr]
+        window_weight: Any = 0
+        for step, batch in enumerate(train_dl):
+            self.callback_handler.call_event("on_train_step_start", self)
+            window_start = step - step % accumulation
+            window_size = min(accumulation, num_batches - window_start)
+            is_update_step = step + 1 == window_start + window_size
+            # Gradients are only all-reduced on the batch that completes an update.
+            sync = nullcontext() if is_update_step or window_size == 1 else self._accelerator.no_sync(self.model)
+            with sync:
+                batch_output = self.calculate_train_batch_loss(batch)
+                check_batch_output(batch_output, "calculate_train_batch_loss")
+                weight = batch_output.get("num_items_in_batch", batch_output["batch_size"])
+                self._train_loss.update(batch_output["loss"], weight)
+                window_weight = window_weight + weight
+                self.backward_step(self._scale_for_window(batch_output["loss"], weight, window_size))
+            if is_update_step:
+                self._correct_window_weight(window_weight, window_size)
+                window_weight = 0
+                self._clip_gradients()
+                self.optimizer_step()
+                self.scheduler_step()
+                self.optimizer_zero_grad()
+                self.progress.global_step += 1
+                self.progress.epoch_step += 1
+            self.progress.batch_index = step + 1
+            self.callback_handler.call_event(
+                "on_train_step_end", self, batch=batch, batch_output=batch_output, step=step
+            )
+            if is_update_step and self._reached_max_steps():
+                break
+        self._record_mean_loss(self._train_loss, "train_loss_epoch")
+        self._run_method_then_event("train_epoch_end")
+
+    def _run_eval_epoch(self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False) -> None:
+        """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
+        self.eval_epoch_start()
+        self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
+        self._eval_loss.reset()
+        with torch.no_grad():
+            for batch in eval_dl:
+                self.callback_handler.call_event("on_eval_step_start", self)
+                batch_output = self.calculate_eval_batch_loss(batch)
+                check_batch_output(batch_output, "calculate_eval_batch_loss")
+                self._eval_loss.update(batch_output["loss"], batch_output["batch_size"])
+                self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
+        if is_evaluation_run:
+            self._record_mean_loss(self._eval_loss, "evaluation_loss")
+        elif not is_intermediate:
+            self._record_mean_loss(self._eval_loss, "eval_loss_epoch")
+        self.eval_epoch_end()
+        self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
+
+    def _reached_max_steps(self) -> bool:
+        limit = self.run_config.max_num_train_steps if self.run_config else None
+        return limit is not None and self.progress.global_step >= limit
+
+    # ------------------------------------------------------------------ loss weighting
+
+    def _scale_for_window(self, loss: torch.Tensor, weight: Any, window_size: int) -> torch.Tensor:
+        """Scale a batch's mean loss so that an update averages over every item of its window.
+
+        Each batch is weighted by ``weight / reference``, where the reference is the weight a
+        window of full batches would have; :meth:`_correct_window_weight` then fixes the
+        gradients of windows whose true weight differs (a smaller last batch, token counts).
+        """
+        if window_size == 1 and self._accelerator.num_processes == 1:
+            return loss
+        return loss * (weight / (self._weight_unit(weight) * window_size))
+
+    def _weight_unit(self, weight: Any) -> float:
+        if self._loss_weight_unit is None:
+            if isinstance(weight, torch.Tensor):
+                # One host read per run: the reference must be the same number on every process.
+                mean = self._accelerator.reduce(weight.detach().float().reshape(1), reduction="mean")
+                self._loss_weight_unit = float(mean.item()) or 1.0
+            else:
+                self._loss_weight_unit = float(self.run_config.train_per_device_batch_size)  # type: ignore[union-attr]
+        return self._loss_weight_unit
+
+    def _correct_window_weight(self, window_weight: Any, window_size: int) -> None:
+        if window_size == 1 and self._accelerator.num_processes == 1:
+            return
+        reference = self._weight_unit(window_weight) * window_size
+        if isinstance(window_weight, torch.Tensor):
+            # Token counts differ between processes, so the total is summed over all of them.
+            total = self._accelerator.reduce(window_weight.detach().float().reshape(1), reduction="sum")
+            factor: Any = reference * self._accelerator.num_processes / total
+        else:
+            # Sample counts are equal on every process (accelerate gives each the same batches).
+            if window_weight == reference:
+                return
+            factor = reference / window_weight
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor if not isinstance(factor, torch.Tensor) else factor.to(grads[0].device))
+
+    def _record_mean_loss(self, tracker: LossTracker, metric_name: str) -> None:
+        totals = torch.stack(
+            [torch.as_tensor(tracker.running_total, dtype=torch.float64, device=self.device),
+             torch.as_tensor(tracker.count, dtype=torch.float64, device=self.device)]
+        )
+        totals = self._accelerator.reduce(totals, reduction="sum")
+        total, count = totals.tolist()
+        self.run_history.update_metric(metric_name, total / count if count else float("nan"))
+
+    # ------------------------------------------------------------------ overridable: steps
+
+    def training_run_start(self) -> None:
+        """Called at the start of :meth:`train`, before ``on_training_run_start``."""
+
+    def training_run_epoch_end(self) -> None:
+        """Called after each train + eval epoch, before ``on_training_run_epoch_end``."""
+
+    def training_run_end(self) -> None:
+        """Called at the end of :meth:`train`, before ``on_training_run_end``."""
+
+    def evaluation_run_start(self) -> None:
+        """Called at the start of :meth:`evaluate`."""
+
+    def evaluation_run_end(self) -> None:
+        """Called at the end of :meth:`evaluate`."""
+
+    def train_epoch_start(self) -> None:
+        """Put the model in training mode."""
+        self.model.train()
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        """Return ``{"loss", "model_outputs", "batch_size"}`` for a training batch.
+
+        The default unpacks ``x, y = batch[0], batch[1]``. ``loss`` must be the mean over the
+        batch; to weight batches by a count other than samples (e.g. tokens), also return
+        ``num_items_in_batch`` and make ``loss`` the mean over those items.
+        """
+        inputs, targets = _unpack_batch(batch, "calculate_train_batch_loss")
+        model_outputs = self.model(inputs)
+        return {
+            "loss": self._loss(model_outputs, targets, "calculate_train_batch_loss"),
+            "model_outputs": model_outputs,
+            "batch_size": _batch_size(inputs),
+        }
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        """Compute gradients of ``loss``."""
+        self._accelerator.backward(loss)
+
+    def _clip_gradients(self) -> None:
+        """Clip gradients by value and/or total norm (only on update steps, after syncing)."""
+        config = self.run_config
+        if config is None:
+            return
+        if config.gradient_clip_value is not None:
+            self._accelerator.clip_grad_value_(self.model.parameters(), config.gradient_clip_value)
+        if config.max_grad_norm is not None:
+            self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+
+    def optimizer_step(self) -> None:
+        """Update the parameters."""
+        self.optimizer.step()  # type: ignore[union-attr]
+
+    def scheduler_step(self) -> None:
+        """Step the scheduler once per update, unless the update was skipped (fp16 overflow)."""
+        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
+            self.scheduler.step()
+
+    def optimizer_zero_grad(self) -> None:
+        """Reset the gradients."""
+        self.optimizer.zero_grad()  # type: ignore[union-attr]
+
+    def train_epoch_end(self) -> None:
+        """Called after each training epoch, once ``train_loss_epoch`` is recorded."""
+
+    def eval_epoch_start(self) -> None:
+        """Put the model in evaluation mode."""
+        self.model.eval()
+
+    def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
+        """Return ``{"loss", "model_outputs", "batch_size"}`` for an evaluation batch."""
+        inputs, targets = _unpack_batch(batch, "calculate_eval_batch_loss")
+        model_outputs = self.model(inputs)
+        return {
+            "loss": self._loss(model_outputs, targets, "calculate_eval_batch_loss"),
+            "model_outputs": model_outputs,
+            "batch_size": _batch_size(inputs),
+        }
+
+    def eval_epoch_end(self) -> None:
+        """Called after each evaluation epoch, once the evaluation loss is recorded."""
+
+    def _loss(self, model_outputs: Any, targets: Any, method: str) -> torch.Tensor:
+        if self.loss_func is None:
+            raise ValueError(
+                f"The default {method} needs a loss function, but the Trainer was created with "
+                f"loss_func=None. Pass one, e.g. Trainer(model, nn.CrossEntropyLoss(), optimizer), "
+                f"or override {method}."
+            )
+        return self.loss_func(model_outputs, targets)
+
+    # ------------------------------------------------------------------ utilities
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._accelerator.device
+
+    @property
+    def is_local_process_zero(self) -> bool:
+        """True on the main process of each node."""
+        return self._accelerator.is_local_main_process
+
+    @property
+    def is_world_process_zero(self) -> bool:
+        """True on the main process of the whole job."""
+        return self._accelerator.is_main_process
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The prepared training data loader of the current run."""
+        return self._train_dataloader
+
+    @property
+    def eval_dataloader(self) -> Any:
+        """The prepared evaluation data loader of the current run or evaluation."""
+        return self._eval_dataloader
+
+    @property
+    def running_loss(self) -> float:
+        """The mean training loss of the current epoch so far on this process.
+
+        Reading it copies a value from the device: a sync point, so read it sparingly.
+        """
+        return self._train_loss.average
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per node (on each node's main process)."""
+        self._accelerator.print(*args, **kwargs)
+
+    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
+        """Concatenate ``tensor`` from every process along dim 0.
+
+        Tensors may differ in length along dim 0 (an uneven last batch): with
+        ``padding_value=None`` the result holds each process's rows and nothing else; with a
+        ``padding_value`` shorter tensors are padded with it (strip it with
+        :func:`~pytorch_accelerated.utils.remove_padding`). Every process must call this.
+        """
+        if padding_value is None:
+            return gather_ragged(self._accelerator, tensor)
+        padded = self._accelerator.pad_across_processes(tensor, dim=0, pad_index=padding_value)
+        return self._accelerator.gather(padded)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather nested tensors (dicts, lists, tuples) from every process, each sample once.
+
+        Leaves may differ in length along dim 0 between processes. Every process must call it.
+        """
+        return gather_ragged(self._accelerator, data)
+
+    def any_process(self, flag: bool | torch.Tensor) -> bool:
+        """True on every process if ``flag`` is true on any (a collective: all must call it)."""
+        value = torch.as_tensor(flag, dtype=torch.float32, device=self.device).reshape(1)
+        if self._accelerator.num_processes > 1:
+            value = self._accelerator.reduce(value, reduction="sum")
+        return bool(value.item() > 0)
+
+    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
+        """Return the model without its distributed wrappers."""
+        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(
+        self,
+        save_path: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        save_per_node: bool = True,
+    ) -> None:
+        """Save model (and optimizer, scheduler) state with ``checkpoint_kwargs`` to one file.
+
+        The file is written by each node's main process when ``save_per_node`` (for nodes that
+        do not share a file system), else by the main process only; it is written to a
+        temporary name first, so an interrupted save never leaves a truncated file. Every
+        process must call this.
+        """
+        extra = checkpointing.to_safe_value(dict(checkpoint_kwargs or {}))
+        reserved = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"} & set(extra)
+        if reserved:
+            raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
+        # Called on every process: with sharded models, collecting the state is collective.
+        checkpoint: dict[str, Any] = {"model_state_dict": self._accelerator.get_state_dict(self.model)}
+        if save_optimizer and self.optimizer is not None:
+            checkpoint["optimizer_state_dict"] = self.optimizer.state_dict()
+        if save_scheduler and self.scheduler is not None:
+            checkpoint["scheduler_state_dict"] = self.scheduler.state_dict()
+        checkpoint.update(extra)
+        writer = self._accelerator.is_local_main_process if save_per_node else self._accelerator.is_main_process
+        if writer:
+            checkpointing.atomic_torch_save(checkpoint, save_path)
+        self._accelerator.wait_for_everyone()
+
+    def load_checkpoint(
+        self, checkpoint_path: str | os.PathLike, load_optimizer: bool = True, load_scheduler: bool = True
+    ) -> dict[str, Any]:
+        """Load a file written by :meth:`save_checkpoint`; return its ``checkpoint_kwargs``."""
+        checkpoint = checkpointing.safe_torch_load(checkpoint_path)
+        if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
+            raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
+        try:
+            self.get_model().load_state_dict(checkpoint.pop("model_state_dict"))
+        except RuntimeError as error:
+            raise RuntimeError(f"The checkpoint {str(checkpoint_path)!r} does not fit this model: {error}") from error
+        optimizer_state = checkpoint.pop("optimizer_state_dict", None)
+        scheduler_state = checkpoint.pop("scheduler_state_dict", None)
+        if load_optimizer:
+            if optimizer_state is None:
+                raise ValueError(f"{str(checkpoint_path)!r} holds no optimizer state; pass load_optimizer=False.")
+            self.optimizer.load_state_dict(optimizer_state)  # type: ignore[union-attr]
+        if load_scheduler and scheduler_state is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(scheduler_state)
+        return checkpoint
+
+
+class TrainerWithTimmScheduler(Trainer):
+    """A Trainer for timm schedulers, which are stepped per update and per epoch.
+
+    timm schedulers take the number of the update or epoch that comes next:
+    ``step_update(num_updates)`` after each optimizer update and ``step(epoch)`` after each
+    epoch (with the evaluation loss, when there is one, as the metric).
+    """
+
+    def scheduler_step(self) -> None:
+        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
+            self.scheduler.step_update(num_updates=self.progress.global_step + 1)
+
+    def training_run_epoch_end(self) -> None:
+        if self.scheduler is None:
+            return
+        metric = None
+        if "eval_loss_epoch" in self.run_history.get_metric_names():
+            metric = self.run_history.get_latest_metric("eval_loss_epoch")
+        self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)
+
+
+def _has_accelerator_device() -> bool:
+    accelerator_api = getattr(torch, "accelerator", None)
+    if accelerator_api is not None and hasattr(accelerator_api, "is_available"):
+        return bool(accelerator_api.is_available())
+    return torch.cuda.is_available()
+
+
+def _unpack_batch(batch: Any, method: str) -> tuple[Any, Any]:
+    try:
+        return batch[0], batch[1]
+    except (TypeError, IndexError, KeyError) as error:
+        raise TypeError(
+            f"The default {method} expects each batch to be a pair (inputs, targets), but got "
+            f"{type(batch).__name__}: {error}. Return (inputs, targets) from your dataset or "
+            f"collate_fn, or override {method} to unpack your batches."
+        ) from error
+
+
+def _batch_size(inputs: Any) -> int:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.shape[0] if inputs.dim() > 0 else 1
+    return len(inputs)

@@ -1,0 +1,68 @@
+"""Checks of user input, each with a message that names the value received and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def check_positive_int(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+
+
+def check_positive_number(value: Any, name: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0 or None, got {value!r}.")
+
+
+def check_train_arguments(
+    *,
+    num_epochs: Any,
+    per_device_batch_size: Any,
+    max_num_train_steps: Any,
+    gradient_accumulation_steps: Any,
+    gradient_clip_value: Any,
+    max_grad_norm: Any,
+) -> None:
+    check_positive_int(num_epochs, "num_epochs")
+    check_positive_int(per_device_batch_size, "per_device_batch_size")
+    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    if max_num_train_steps is not None:
+        check_positive_int(max_num_train_steps, "max_num_train_steps")
+    check_positive_number(gradient_clip_value, "gradient_clip_value")
+    check_positive_number(max_grad_norm, "max_grad_norm")
+
+
+def check_dataset(dataset: Any, name: str) -> None:
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return
+    try:
+        length = len(dataset)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a torch Dataset with __len__ (or an IterableDataset), got "
+            f"{type(dataset).__name__}."
+        ) from None
+    if length == 0:
+        raise ValueError(f"{name} is empty (len 0): there is nothing to iterate over. Check how it was built or filtered.")
+
+
+def check_batch_output(batch_output: Any, method: str) -> None:
+    """Check what calculate_*_batch_loss returned (cheap: attribute reads only, no sync)."""
+    if not isinstance(batch_output, dict) or "loss" not in batch_output or "batch_size" not in batch_output:
+        keys = sorted(batch_output) if isinstance(batch_output, dict) else type(batch_output).__name__
+        raise TypeError(
+            f"{method} must return a dict with at least 'loss' and 'batch_size' (and usually "
+            f"'model_outputs'), got {keys}."
+        )
+    loss = batch_output["loss"]
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"{method} returned a loss that is not a scalar tensor (got {shape}). Reduce it to one "
+            f"number per batch, e.g. use reduction='mean' in the loss function or call .mean()."
+        )

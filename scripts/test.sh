@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up, lint, types, docs build, then every test (unit, event order,
+# real 2-process runs, examples). Usage: bash scripts/test.sh [extra pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-venv.sh || { echo "set-up failed"; exit 1; }
+export PATH="$PWD/.venv/bin:$PATH"
+status=0
+echo "== ruff"; ruff check pytorch_accelerated tests examples benchmarks || status=1
+echo "== mypy"; mypy pytorch_accelerated || status=1
+echo "== docs"; mkdocs build --strict --quiet --site-dir "$(mktemp -d)" || status=1
+echo "== pytest"
+python -m pytest "$@"
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here"; rc=1
+fi
+[ $rc -eq 0 ] || status=1
+exit $status
