@@ -1,7 +1,7 @@
 """An exponential moving average (EMA) of a model's weights, often better than the last weights."""
 
 from copy import deepcopy
-from typing import Any, List, Tuple
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -61,16 +61,17 @@ class ModelEma(nn.Module):
         Raises:
             ValueError: If the model's parameters or buffers do not match the average's.
         """
-        averaged, copied = [], []
+        ema_floats: list[torch.Tensor] = []
+        floats: list[torch.Tensor] = []
         for ema_tensor, tensor in self._paired_tensors(model):
-            tensor = tensor.to(device=ema_tensor.device, dtype=ema_tensor.dtype)
-            (averaged if ema_tensor.is_floating_point() else copied).append((ema_tensor, tensor))
-        if averaged:
-            ema_tensors, tensors = map(list, zip(*averaged))
+            if ema_tensor.is_floating_point():
+                ema_floats.append(ema_tensor)
+                floats.append(tensor.to(device=ema_tensor.device, dtype=ema_tensor.dtype))
+            else:  # counts such as num_batches_tracked: an average of counts means nothing
+                ema_tensor.copy_(tensor)
+        if ema_floats:
             # lerp(ema, current, 1 - decay) == decay * ema + (1 - decay) * current, in one fused pass.
-            torch._foreach_lerp_(ema_tensors, tensors, 1.0 - self.decay)
-        for ema_tensor, tensor in copied:
-            ema_tensor.copy_(tensor)
+            torch._foreach_lerp_(ema_floats, floats, 1.0 - self.decay)
 
     @torch.no_grad()
     def set(self, model: nn.Module) -> None:
@@ -86,7 +87,7 @@ class ModelEma(nn.Module):
         """Runs the averaged model."""
         return self.module(*args, **kwargs)
 
-    def _paired_tensors(self, model: nn.Module) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    def _paired_tensors(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Pairs each tensor of the average with the model's tensor of the same name."""
         source = _unwrap(model)
         ema_named = [*self.module.named_parameters(), *self.module.named_buffers()]
@@ -101,7 +102,7 @@ class ModelEma(nn.Module):
                 f"copy's (missing: {missing[:5]}, unexpected: {unexpected[:5]}). Pass the same "
                 f"model that the ModelEma was created from."
             )
-        return [(ema_t, t) for (_, ema_t), (_, t) in zip(ema_named, source_named)]
+        return [(ema_t, t) for (_, ema_t), (_, t) in zip(ema_named, source_named, strict=True)]
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

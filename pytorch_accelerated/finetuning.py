@@ -7,8 +7,8 @@ was created with ``freeze_batch_norms=True``, because fine-tuning usually works 
 affine parameters keep adapting to the new data.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple
 
 import torch.nn as nn
 from accelerate.utils import extract_model_from_parallel
@@ -94,11 +94,11 @@ class ModelFreezer:
                 f"nn.Sequential(model), or freeze its parameters directly with requires_grad_(False)."
             )
 
-    def get_layer_groups(self) -> List[LayerGroup]:
+    def get_layer_groups(self) -> list[LayerGroup]:
         """Returns the model's direct children as layer groups, in order."""
         return [LayerGroup(index, module) for index, module in enumerate(self.model.children())]
 
-    def get_layers(self) -> List[Layer]:
+    def get_layers(self) -> list[Layer]:
         """Returns every layer of every group: submodules that own parameters or have no children."""
         layers = []
         for group_index, (group_name, group) in enumerate(self.model.named_children()):
@@ -109,7 +109,7 @@ class ModelFreezer:
                     layers.append(Layer(group_index, name, module))
         return layers
 
-    def get_trainable_parameters(self) -> List[nn.Parameter]:
+    def get_trainable_parameters(self) -> list[nn.Parameter]:
         """Returns the model's parameters that require gradients: the ones to give an optimizer."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -135,7 +135,7 @@ class ModelFreezer:
 
     def unfreeze(
         self, from_index: int = -1, to_index: int = 0, set_modules_as_training: bool = True
-    ) -> Dict[int, Dict[str, List[nn.Parameter]]]:
+    ) -> dict[int, dict[str, list[nn.Parameter]]]:
         """Unfreezes the layer groups from ``from_index`` to ``to_index``, both included.
 
         Only parameters that were frozen are returned, so calling this again, or on a range that
@@ -155,7 +155,7 @@ class ModelFreezer:
         Raises:
             IndexError: If an index is outside the model's layer groups.
         """
-        unfrozen: Dict[int, Dict[str, List[nn.Parameter]]] = {}
+        unfrozen: dict[int, dict[str, list[nn.Parameter]]] = {}
         for group_index, module in self._managed_modules(from_index, to_index):
             newly_trainable = [p for p in module.parameters(recurse=False) if not p.requires_grad]
             for param in newly_trainable:
@@ -166,7 +166,7 @@ class ModelFreezer:
                 module.training = True
         return unfrozen
 
-    def _managed_modules(self, from_index: int, to_index: int) -> Iterator[Tuple[int, nn.Module]]:
+    def _managed_modules(self, from_index: int, to_index: int) -> Iterator[tuple[int, nn.Module]]:
         """Yields ``(group_index, module)`` for every module this freezer manages in the range.
 
         Modes are set module by module rather than with ``group.train()``, which would recurse into

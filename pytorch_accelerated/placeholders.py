@@ -42,6 +42,8 @@ class _Expression:
     def resolve(self, trainer: Any) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
+            if is_placeholder(operand):
+                operand = operand.resolve(trainer)
             value = value * operand if op == "*" else value + operand
         return value
 

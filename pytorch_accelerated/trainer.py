@@ -22,7 +22,13 @@ from torch.utils.data import DataLoader
 
 from . import checkpointing
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
-from .data import DeviceDataLoader, ReproducibleShuffleSampler, ShardedEvalBatchSampler, is_map_style, worker_init_fn
+from .data import (
+    DeviceDataLoader,
+    ReproducibleShuffleSampler,
+    ShardedEvalBatchSampler,
+    is_map_style,
+    worker_init_fn,
+)
 from .distributed import gather_ragged
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, TrainerRunConfig
@@ -94,6 +100,7 @@ class Trainer:
         self._train_loss = LossTracker()
         self._eval_loss = LossTracker()
         self._loss_weight_unit: float | None = None
+        self.last_grad_norm: torch.Tensor | None = None
         self.callback_handler.call_event("on_init_end", self)
 
     # ------------------------------------------------------------------ set-up
@@ -436,7 +443,10 @@ class Trainer:
         """Run one training epoch over ``train_dl``."""
         if self._train_sampler is not None:
             self._train_sampler.set_epoch(self.progress.epoch)
+        loader_before = self._train_dataloader
         self._run_method_then_event("train_epoch_start")
+        if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
+            train_dl = self._train_dataloader
         self._train_loss.reset()
         self.progress.batch_index = self.progress.epoch_step = 0
         num_batches = len(train_dl)
@@ -476,8 +486,11 @@ class Trainer:
 
     def _run_eval_epoch(self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
+        loader_before = self._eval_dataloader
         self.eval_epoch_start()
         self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
+        if self._eval_dataloader is not loader_before:  # replaced by a callback for this epoch
+            eval_dl = self._eval_dataloader
         self._eval_loss.reset()
         with torch.no_grad():
             for batch in eval_dl:
@@ -492,6 +505,42 @@ class Trainer:
             self._record_mean_loss(self._eval_loss, "eval_loss_epoch")
         self.eval_epoch_end()
         self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
+
+    def run_eval_epoch(
+        self,
+        dataloader: Any = None,
+        *,
+        model: nn.Module | None = None,
+        is_intermediate: bool = True,
+        metric_name_prefix: str = "",
+    ) -> float:
+        """Run an extra evaluation epoch during training, for callbacks; return its mean loss.
+
+        Args:
+            dataloader: what to evaluate on (default: the run's evaluation loader).
+            model: evaluate this model (e.g. an EMA copy) in place of ``trainer.model``.
+            is_intermediate: passed to the eval events; an intermediate evaluation records no
+                ``eval_loss_epoch``.
+            metric_name_prefix: prefix for every metric recorded during this epoch.
+
+        The model's train/eval mode, ``trainer.model`` and the history's prefix are restored
+        afterwards, so training continues exactly as before. Every process must call this.
+        """
+        dataloader = dataloader if dataloader is not None else self._eval_dataloader
+        if dataloader is None:
+            raise ValueError("run_eval_epoch() needs a dataloader: this run has no eval_dataset.")
+        original_model, original_loader = self.model, self._eval_dataloader
+        previous_prefix = self.run_history.metric_name_prefix
+        was_training = original_model.training
+        self.model, self._eval_dataloader = model if model is not None else original_model, dataloader
+        self.run_history.set_metric_name_prefix(metric_name_prefix)
+        try:
+            self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
+        finally:
+            self.model, self._eval_dataloader = original_model, original_loader
+            self.run_history.set_metric_name_prefix(previous_prefix)
+            original_model.train(was_training)
+        return self._mean_over_processes(self._eval_loss)
 
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.max_num_train_steps if self.run_config else None
@@ -535,16 +584,25 @@ class Trainer:
             factor = reference / window_weight
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
-            torch._foreach_mul_(grads, factor if not isinstance(factor, torch.Tensor) else factor.to(grads[0].device))
+            if isinstance(factor, torch.Tensor):
+                factor = factor.to(grads[0].device).reshape(())
+            torch._foreach_mul_(grads, factor)
+
+    def _mean_over_processes(self, tracker: LossTracker) -> float:
+        # One all-reduce and one host read per epoch: the only sync the loss tracking needs.
+        totals = torch.stack(
+            [
+                torch.as_tensor(tracker.running_total, dtype=torch.float64, device=self.device),
+                torch.as_tensor(tracker.count, dtype=torch.float64, device=self.device),
+            ]
+        )
+        if self._accelerator.num_processes > 1:
+            totals = self._accelerator.reduce(totals, reduction="sum")
+        total, count = totals.tolist()
+        return total / count if count else float("nan")
 
     def _record_mean_loss(self, tracker: LossTracker, metric_name: str) -> None:
-        totals = torch.stack(
-            [torch.as_tensor(tracker.running_total, dtype=torch.float64, device=self.device),
-             torch.as_tensor(tracker.count, dtype=torch.float64, device=self.device)]
-        )
-        totals = self._accelerator.reduce(totals, reduction="sum")
-        total, count = totals.tolist()
-        self.run_history.update_metric(metric_name, total / count if count else float("nan"))
+        self.run_history.update_metric(metric_name, self._mean_over_processes(tracker))
 
     # ------------------------------------------------------------------ overridable: steps
 
@@ -660,10 +718,20 @@ class Trainer:
         """The prepared training data loader of the current run."""
         return self._train_dataloader
 
+    @train_dataloader.setter
+    def train_dataloader(self, dataloader: Any) -> None:
+        """Replace the training loader; set in ``on_train_epoch_start`` it is used for that epoch."""
+        self._train_dataloader = dataloader
+
     @property
     def eval_dataloader(self) -> Any:
         """The prepared evaluation data loader of the current run or evaluation."""
         return self._eval_dataloader
+
+    @eval_dataloader.setter
+    def eval_dataloader(self, dataloader: Any) -> None:
+        """Replace the evaluation loader; set in ``on_eval_epoch_start`` it is used for that epoch."""
+        self._eval_dataloader = dataloader
 
     @property
     def running_loss(self) -> float:

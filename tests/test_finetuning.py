@@ -24,9 +24,7 @@ def make_model() -> nn.Sequential:
 
 
 def non_bn_params(module: nn.Module) -> list:
-    return [
-        p for m in module.modules() if not isinstance(m, _BatchNorm) for p in m.parameters(recurse=False)
-    ]
+    return [p for m in module.modules() if not isinstance(m, _BatchNorm) for p in m.parameters(recurse=False)]
 
 
 def bn_params(module: nn.Module) -> list:
@@ -142,7 +140,9 @@ def test_set_modules_as_eval_evals_frozen_modules_and_keeps_batch_norm_mode():
     model[1][1].eval()  # batch norms keep whatever mode they were in
     ModelFreezer(model).freeze(0, 1, set_modules_as_eval=True)
     assert frozen_groups(model) == {0, 1}  # the original froze nothing when asked for eval
-    assert not any(m.training for m in [model[0], model[0][0], model[0][2], model[1], model[1][0], model[1][2]])
+    assert not any(
+        m.training for m in [model[0], model[0][0], model[0][2], model[1], model[1][0], model[1][2]]
+    )
     assert model[0][1].training and not model[1][1].training
     assert model[2].training and model[3].training
 
@@ -198,7 +198,9 @@ def test_unfreeze_set_modules_as_training_controls_the_mode(set_modules_as_train
     freezer = ModelFreezer(model)
     freezer.freeze(0, 1, set_modules_as_eval=True)
     freezer.unfreeze(1, 1, set_modules_as_training=set_modules_as_training)
-    assert all(m.training == set_modules_as_training for m in model[1].modules() if not isinstance(m, _BatchNorm))
+    assert all(
+        m.training == set_modules_as_training for m in model[1].modules() if not isinstance(m, _BatchNorm)
+    )
     assert not model[0][0].training  # outside the range
 
 

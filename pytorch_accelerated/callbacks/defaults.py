@@ -127,14 +127,14 @@ class ProgressBarCallback(TrainerCallback):
     def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         self._close()
 
-    def on_eval_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
         self._open(trainer, trainer.eval_dataloader, "eval")
 
     def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
         if self.pbar is not None:
             self.pbar.update(1)
 
-    def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
         self._close()
 
     def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:

@@ -1,0 +1,248 @@
+"""Per-step overhead of the Trainer against a hand-written PyTorch loop.
+
+Four loops train the same tiny MLP (32 -> 32 -> 10, so that per-step framework cost, not
+arithmetic, dominates) on the same data, with the same seed, batch size, optimizer and number
+of optimizer steps:
+
+- ``plain``: a hand-written PyTorch loop: ``DataLoader(shuffle=True)``, ``model.train()``,
+  forward, loss, ``backward``, ``optimizer.step``, ``zero_grad``; the epoch loss is summed on
+  the device and read once per epoch, as a careful user would.
+- ``accelerate``: the same loop after ``Accelerator().prepare(model, optimizer, loader)``,
+  with ``accelerator.backward``.
+- ``trainer_default_callbacks``: ``Trainer.train`` with ``DEFAULT_CALLBACKS`` exactly as users
+  get them (progress bar and printing included).
+- ``trainer_no_callbacks``: ``Trainer.train`` with ``callbacks=()``.
+
+How the per-step cost is measured: each loop is timed for a short run (``--short-epochs``
+whole epochs) and a long run (that plus about ``--steps`` more optimizer steps, rounded up to
+whole epochs), each starting from a freshly built model and optimizer. The per-step cost is
+``(t_long - t_short) / (steps_long - steps_short)``: everything done once per run (Trainer
+construction, ``accelerator.prepare``, data-loader creation, seeding, run-start and run-end
+callbacks) cancels out, while everything done per step or per epoch (creating the data-loader
+iterator, opening the progress bar, recording the epoch loss, printing the epoch's metrics) is
+counted, spread over the steps of an epoch, as a user pays for it. Construction of the model,
+optimizer, loader, Trainer and Accelerator is outside the timed region for every loop.
+
+To keep the figures stable on a small, shared machine: ``torch.set_num_threads(1)`` is set
+for the whole process; every loop is run once untimed first (warm-up); the loops are then
+measured in a different order in each of ``--repeats`` rounds (interleaved, so that drift in
+machine speed affects them all alike) and the median of the rounds is reported. On a CPU
+device the clock is this process's CPU time (``time.process_time``), which other processes
+competing for the cores disturb far less than elapsed time; on an accelerator it is elapsed
+time (each loop ends by reading a loss, which waits for the device). stdout and
+stderr are sent to ``os.devnull`` while a loop runs, so the Trainer's progress bar and
+messages are produced (and paid for) but do not flood the terminal.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/overhead.py
+    .venv/bin/python benchmarks/overhead.py --steps 4096 --repeats 15 --json-out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+# Measure the checkout this script lives in, whether or not the package is installed. The
+# entry replaces the script's own folder, so sys.path keeps its usual length: accelerate's
+# optimizer searches it on every step (see docs/benchmarks.md).
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import accelerate  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+
+from pytorch_accelerated import Trainer  # noqa: E402
+from pytorch_accelerated.callbacks import DEFAULT_CALLBACKS  # noqa: E402
+
+SEED = 0
+NUM_FEATURES, HIDDEN, NUM_CLASSES = 32, 32, 10
+
+Clock = Callable[[], float]
+# A loop takes the data set, the batch size, a number of epochs and a clock, and returns the
+# seconds taken by the training itself.
+Loop = Callable[[TensorDataset, int, int, Clock], float]
+
+
+def make_dataset(num_samples: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(SEED)
+    inputs = torch.randn(num_samples, NUM_FEATURES, generator=generator)
+    targets = torch.randint(0, NUM_CLASSES, (num_samples,), generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+def build_model() -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(NUM_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, NUM_CLASSES))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss()
+
+
+def default_device() -> torch.device:
+    accelerator_api = getattr(torch, "accelerator", None)
+    if accelerator_api is not None and accelerator_api.is_available():
+        return torch.device(accelerator_api.current_accelerator())
+    return torch.device("cpu")
+
+
+def seeded_loader(data: TensorDataset, batch_size: int) -> DataLoader:
+    return DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+
+
+def plain_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+    device = default_device()
+    model, optimizer, loss_func = build_model()
+    model.to(device)
+    loader = seeded_loader(data, batch_size)
+    start = clock()
+    for _ in range(num_epochs):
+        model.train()
+        epoch_loss = torch.zeros((), device=device)
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            loss = loss_func(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            # Summed on the device: reading it every step would wait for the device each time.
+            epoch_loss += loss.detach() * inputs.shape[0]
+        epoch_loss.item()  # read once per epoch (and it waits for the device's queued work)
+    return clock() - start
+
+
+def accelerate_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+    accelerator = Accelerator()
+    model, optimizer, loss_func = build_model()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, seeded_loader(data, batch_size))
+    start = clock()
+    for _ in range(num_epochs):
+        model.train()
+        epoch_loss = torch.zeros((), device=accelerator.device)
+        for inputs, targets in loader:
+            loss = loss_func(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            epoch_loss += loss.detach() * inputs.shape[0]
+        epoch_loss.item()
+    return clock() - start
+
+
+def trainer_loop(callbacks: tuple) -> Loop:
+    def run(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+        model, optimizer, loss_func = build_model()
+        trainer = Trainer(model, loss_func, optimizer, callbacks=callbacks)
+        start = clock()
+        trainer.train(data, num_epochs=num_epochs, per_device_batch_size=batch_size, seed=SEED)
+        return clock() - start
+
+    return run
+
+
+LOOPS: dict[str, Loop] = {
+    "plain": plain_loop,
+    "accelerate": accelerate_loop,
+    "trainer_default_callbacks": trainer_loop(DEFAULT_CALLBACKS),
+    "trainer_no_callbacks": trainer_loop(()),
+}
+
+
+@contextlib.contextmanager
+def output_silenced() -> Iterator[None]:
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        yield
+
+
+def time_run(loop: Loop, data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+    gc.collect()  # outside the timed region: every run starts with the same garbage (none)
+    with output_silenced():
+        return loop(data, batch_size, num_epochs, clock)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2048,
+                        help="optimizer steps in the long run beyond the short one (rounded up to whole epochs)")
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved measurement rounds (the median is reported)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--dataset-size", type=int, default=1024, help="samples in the training set")
+    parser.add_argument("--short-epochs", type=int, default=1, help="epochs in the short run")
+    parser.add_argument(
+        "--clock", choices=("auto", "cpu", "wall"), default="auto",
+        help="cpu: this process's CPU time, steadier on a shared machine but blind to time spent "
+             "waiting for an accelerator; wall: elapsed time; auto: cpu on a CPU device, else wall",
+    )
+    parser.add_argument("--json-out", type=Path, default=None, help="also write every measurement to this file")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    device = default_device()
+    clock_name = args.clock if args.clock != "auto" else ("cpu" if device.type == "cpu" else "wall")
+    clock: Clock = time.process_time if clock_name == "cpu" else time.perf_counter
+    data = make_dataset(args.dataset_size)
+    steps_per_epoch = len(seeded_loader(data, args.batch_size))
+    extra_epochs = max(1, -(-args.steps // steps_per_epoch))
+    short_epochs, long_epochs = args.short_epochs, args.short_epochs + extra_epochs
+    measured_steps = extra_epochs * steps_per_epoch
+    print(
+        f"torch {torch.__version__}, accelerate {accelerate.__version__}, python {platform.python_version()}, "
+        f"device {device}, torch threads {torch.get_num_threads()}, {clock_name} clock\n"
+        f"MLP {NUM_FEATURES}->{HIDDEN}->{NUM_CLASSES}, batch {args.batch_size}, {args.dataset_size} samples "
+        f"({steps_per_epoch} steps/epoch); per-step cost = (t[{long_epochs} epochs] - t[{short_epochs} epochs]) "
+        f"/ {measured_steps} steps; median of {args.repeats} interleaved rounds after a warm-up",
+        flush=True,
+    )
+
+    names = list(LOOPS)
+    for name in names:  # warm-up: imports, allocator, accelerate state, first-call caches
+        time_run(LOOPS[name], data, args.batch_size, short_epochs, clock)
+    per_step: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(args.repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            t_short = time_run(LOOPS[name], data, args.batch_size, short_epochs, clock)
+            t_long = time_run(LOOPS[name], data, args.batch_size, long_epochs, clock)
+            per_step[name].append((t_long - t_short) / measured_steps)
+
+    median = {name: statistics.median(values) for name, values in per_step.items()}
+    print(f"\n{'loop':<28}{'ms/step':>10}{'min':>9}{'max':>9}{'x plain':>10}")
+    for name in names:
+        values = per_step[name]
+        print(
+            f"{name:<28}{median[name] * 1e3:>10.4f}{min(values) * 1e3:>9.4f}{max(values) * 1e3:>9.4f}"
+            f"{median[name] / median['plain']:>10.2f}"
+        )
+    ratio = median["trainer_default_callbacks"] / median["plain"]
+    if args.json_out is not None:
+        report = {
+            "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                       "steps_per_epoch": steps_per_epoch, "measured_steps": measured_steps,
+                       "short_epochs": short_epochs, "long_epochs": long_epochs},
+            "environment": {"torch": torch.__version__, "accelerate": accelerate.__version__,
+                            "python": platform.python_version(), "device": str(device),
+                            "torch_threads": torch.get_num_threads(), "clock": clock_name},
+            "seconds_per_step": per_step,
+            "median_seconds_per_step": median,
+            "ratio_to_plain": {name: median[name] / median["plain"] for name in names},
+        }
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nRATIO trainer_default_callbacks/plain = {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Train a small classifier on scikit-learn's handwritten digits with the pytorch-accelerated Trainer.
+
+The walk-through of "Introducing pytorch-accelerated" (an MLP on MNIST, with torchmetrics in a
+callback), on the 8x8 digits that ship inside scikit-learn, so nothing is downloaded. The same
+script runs on one process or several:
+
+    python examples/train_digits.py
+    torchrun --nproc_per_node 2 examples/train_digits.py
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # write files only; no display needed
+import matplotlib.pyplot as plt
+import torch
+from sklearn.datasets import load_digits
+from sklearn.preprocessing import StandardScaler
+from torch import nn, optim
+from torch.utils.data import TensorDataset
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision, MulticlassRecall
+
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import TrainerCallback
+from pytorch_accelerated.trainer import DEFAULT_CALLBACKS
+
+NUM_CLASSES = 10
+
+
+class DigitsModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Sequential(
+            nn.Linear(in_features=64, out_features=128),
+            nn.ReLU(),
+            nn.Linear(in_features=128, out_features=64),
+            nn.ReLU(),
+            nn.Linear(in_features=64, out_features=NUM_CLASSES),
+        )
+
+    def forward(self, x):
+        return self.main(x.view(x.shape[0], -1))
+
+
+class ClassificationMetricsCallback(TrainerCallback):
+    """Accuracy, precision and recall of every evaluation epoch, recorded in the run history.
+
+    torchmetrics sums its counts over all processes in ``compute()``, so nothing is gathered here.
+    """
+
+    def __init__(self, num_classes):
+        self.metrics = MetricCollection(
+            {
+                "accuracy": MulticlassAccuracy(num_classes, average="micro"),
+                "precision": MulticlassPrecision(num_classes),
+                "recall": MulticlassRecall(num_classes),
+            }
+        )
+
+    def on_training_run_start(self, trainer, **kwargs):
+        self.metrics.to(trainer.device)
+
+    def on_evaluation_run_start(self, trainer, **kwargs):
+        self.metrics.to(trainer.device)
+
+    def on_eval_step_end(self, trainer, batch, batch_output, **kwargs):
+        self.metrics.update(batch_output["model_outputs"].argmax(dim=-1), batch[1])
+
+    def on_eval_epoch_end(self, trainer, **kwargs):
+        for name, value in self.metrics.compute().items():
+            trainer.run_history.update_metric(name, value.item())
+        self.metrics.reset()
+
+
+def load_digit_splits(seed):
+    """Return (train, validation, test) datasets and the scaler fitted on the training split."""
+    features, targets = load_digits(return_X_y=True)
+    order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(seed)).numpy()
+    n_train, n_val = int(0.7 * len(order)), int(0.15 * len(order))
+    splits = order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+    scaler = StandardScaler().fit(features[splits[0]])
+    datasets = [
+        TensorDataset(
+            torch.tensor(scaler.transform(features[idx]), dtype=torch.float32),
+            torch.tensor(targets[idx], dtype=torch.long),
+        )
+        for idx in splits
+    ]
+    return (*datasets, scaler)
+
+
+def save_plot(history, test_accuracy, path):
+    epochs = range(1, len(history["train_loss_epoch"]) + 1)
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_ax.plot(epochs, history["train_loss_epoch"], "o-", label="train")
+    loss_ax.plot(epochs, history["eval_loss_epoch"], "o-", label="validation")
+    loss_ax.set(title="Loss per epoch", xlabel="epoch", ylabel="cross-entropy loss")
+    acc_ax.plot(epochs, history["accuracy"], "o-", color="tab:green", label="validation")
+    acc_ax.axhline(test_accuracy, color="tab:red", linestyle="--", label=f"test ({test_accuracy:.3f})")
+    acc_ax.set(title="Accuracy per epoch", xlabel="epoch", ylabel="accuracy")
+    for ax in (loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/digits"))
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    start = time.perf_counter()
+
+    torch.manual_seed(args.seed)  # the same initial weights on every process
+    train_dataset, validation_dataset, test_dataset, scaler = load_digit_splits(args.seed)
+    model = DigitsModel()
+    optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_func = nn.CrossEntropyLoss()
+
+    trainer = Trainer(
+        model,
+        loss_func=loss_func,
+        optimizer=optimizer,
+        # Before the defaults, so the metrics are in the history when LogMetricsCallback prints it.
+        callbacks=(ClassificationMetricsCallback(NUM_CLASSES), *DEFAULT_CALLBACKS),
+    )
+    trainer.train(
+        train_dataset=train_dataset,
+        eval_dataset=validation_dataset,
+        num_epochs=args.epochs,
+        per_device_batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    history = {
+        name: list(trainer.run_history.get_metric_values(name))
+        for name in ("train_loss_epoch", "eval_loss_epoch", "accuracy")
+    }
+
+    # No gradients are kept during evaluation, so a larger batch fits.
+    test_metrics = trainer.evaluate(dataset=test_dataset, per_device_batch_size=2 * args.batch_size)
+    test_accuracy = test_metrics["accuracy"]
+
+    # Every process calls save_checkpoint; only the main process of each node writes the file.
+    trainer.save_checkpoint(
+        args.output_dir / "digits_mlp.pt",
+        checkpoint_kwargs={
+            "test_accuracy": test_accuracy,
+            "epochs": args.epochs,
+            "scaler_mean": scaler.mean_,  # numpy arrays are stored as tensors
+            "scaler_scale": scaler.scale_,
+        },
+    )
+    if trainer.is_world_process_zero:
+        save_plot(history, test_accuracy, args.output_dir / "training_curves.png")
+
+    trainer.print(f"num_processes={trainer.run_config.num_processes}")
+    trainer.print(f"wall_time_s={time.perf_counter() - start:.1f}")
+    trainer.print(f"saved {args.output_dir / 'digits_mlp.pt'} and {args.output_dir / 'training_curves.png'}")
+    trainer.print(f"FINAL test_accuracy={test_accuracy:.4f}")
+
+
+if __name__ == "__main__":
+    main()

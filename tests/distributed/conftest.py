@@ -1,0 +1,149 @@
+"""Launch the worker scripts of ``workers/`` as real process groups and read back their results.
+
+A worker is started with ``torchrun --nproc_per_node N`` (or plain ``python`` for one process),
+on a free port, with a timeout, with every file it writes (results, torchrun's logs, temporary
+files) under a pytest temporary folder. Each rank writes ``rank{RANK}.json`` to the output folder
+it is given; :func:`launch_workers` returns them by rank. When something goes wrong the assertion
+message holds the whole output of the group, so a failure in CI can be read without a rerun.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+WORKERS_DIR = Path(__file__).parent / "workers"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT_S = 120.0
+
+# Variables a launcher or an accelerate config may have left in the environment of the test
+# session; a worker must see only what its own launcher sets.
+_LAUNCH_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+)
+
+
+@dataclass
+class WorkerRun:
+    """What a launched group left behind."""
+
+    command: list[str]
+    returncode: int
+    output: str
+    elapsed_s: float
+    out_dir: Path
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (
+            f"command: {' '.join(self.command)}\nexit code: {self.returncode}, "
+            f"{self.elapsed_s:.1f} s\n----- output -----\n{self.output}"
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker_env(tmp_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the worker scripts
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = str(tmp_dir)  # torchrun's log folders and any temporary file
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def launch_workers(
+    script: str,
+    out_dir: Path,
+    *args: str,
+    nproc: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    expect_success: bool = True,
+) -> WorkerRun:
+    """Run ``workers/<script>`` in ``nproc`` processes (torchrun), or as plain ``python`` if 1.
+
+    The script is called as ``script --out OUT_DIR *args``. On a timeout the whole process
+    group is killed and the test fails with the output seen so far. With ``expect_success``
+    the run must exit 0 and every rank must have written its result file.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp_dir = out_dir / "tmp"
+    tmp_dir.mkdir(exist_ok=True)
+    script_path = str(WORKERS_DIR / script)
+    if nproc == 1:
+        command = [sys.executable, script_path]
+    else:
+        command = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()),
+            script_path,
+        ]
+    command += ["--out", str(out_dir), *args]
+
+    start = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        cwd=out_dir,
+        env=_worker_env(tmp_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, so a hang can be killed whole
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        run = WorkerRun(command, -9, output, time.monotonic() - start, out_dir)
+        pytest.fail(f"The worker group did not finish within {timeout_s:.0f} s (a hang?).\n{run.describe()}")
+    run = WorkerRun(command, process.returncode, output, time.monotonic() - start, out_dir)
+    run.results = [_read_json(out_dir / f"rank{rank}.json") for rank in range(nproc)]
+    if expect_success:
+        missing = [rank for rank, result in enumerate(run.results) if result is None]
+        assert run.returncode == 0 and not missing, (
+            f"The worker group failed (ranks without a result file: {missing}).\n{run.describe()}"
+        )
+    return run
+
+
+def _read_json(path: Path) -> Any:
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def load_worker_module(name: str) -> ModuleType:
+    """Import ``workers/<name>.py`` (the helpers the workers share) without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(f"_distributed_workers_{name}", WORKERS_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def worker_common() -> ModuleType:
+    """The model and data-set factories the workers use, for plain-PyTorch oracles."""
+    return load_worker_module("common")

@@ -1,0 +1,98 @@
+"""Evaluation over 2 processes counts every sample exactly once, whatever the data set size.
+
+With accelerate's default even batches, N=37 or N=9 with B=4 would give one process padded
+duplicates (N=9: the second round of batches would be padding only on process 1; N=3: all of
+process 1's batch); these must neither be evaluated twice nor weigh in the evaluation loss.
+"""
+
+from __future__ import annotations
+
+import json
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import launch_workers
+
+pytestmark = pytest.mark.distributed
+
+PER_DEVICE_BATCH = 4
+SIZES = [37, 9, 3]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    run = launch_workers(
+        "eval_exactly_once.py",
+        tmp_path_factory.mktemp("eval_exactly_once"),
+        "--batch-size", str(PER_DEVICE_BATCH),
+        "--sizes", json.dumps(SIZES),
+        nproc=2,
+    )
+    return run.results
+
+
+def plain_pytorch_mean_loss(common: ModuleType, num_samples: int) -> float:
+    """The mean over every sample of its own MSE, for the fixed model the worker evaluates."""
+    model = common.make_mlp(seed=0)
+    x, y = common.make_data(num_samples, seed=2)
+    with torch.no_grad():
+        per_sample = ((model(x) - y) ** 2).mean(dim=1)
+    return per_sample.double().mean().item()
+
+
+def test_worker_ran_as_a_group_of_two_processes(ranks: list[dict[str, Any]]) -> None:
+    assert [result["world_size"] for result in ranks] == [2, 2]
+    assert [result["train_eval"]["num_processes"] for result in ranks] == [2, 2]
+
+
+@pytest.mark.parametrize("num_samples", SIZES)
+def test_gathered_indices_are_every_sample_exactly_once(ranks: list[dict[str, Any]], num_samples: int) -> None:
+    for result in ranks:
+        gathered = result[f"evaluate_{num_samples}"]["gathered"]
+        assert sorted(gathered) == list(range(num_samples)), f"duplicates or gaps: {sorted(gathered)}"
+
+
+@pytest.mark.parametrize("num_samples", SIZES)
+def test_ranks_evaluate_disjoint_shares_that_cover_the_data_set(ranks: list[dict[str, Any]], num_samples: int) -> None:
+    shares = [[i for batch in result[f"evaluate_{num_samples}"]["local_batches"] for i in batch] for result in ranks]
+    assert all(shares), f"a rank evaluated no sample: {shares}"
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(num_samples))
+
+
+@pytest.mark.parametrize("num_samples", SIZES)
+def test_both_ranks_run_the_same_number_of_eval_batches(ranks: list[dict[str, Any]], num_samples: int) -> None:
+    counts = [len(result[f"evaluate_{num_samples}"]["local_batches"]) for result in ranks]
+    assert counts[0] == counts[1] > 0
+    assert all(batch for result in ranks for batch in result[f"evaluate_{num_samples}"]["local_batches"])
+
+
+@pytest.mark.parametrize("num_samples", SIZES)
+def test_evaluation_loss_equals_the_plain_pytorch_mean_per_sample_loss(
+    ranks: list[dict[str, Any]], worker_common: ModuleType, num_samples: int
+) -> None:
+    expected = plain_pytorch_mean_loss(worker_common, num_samples)
+    for result in ranks:
+        assert result[f"evaluate_{num_samples}"]["evaluation_loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_eval_epoch_during_training_counts_every_sample_once(
+    ranks: list[dict[str, Any]], worker_common: ModuleType
+) -> None:
+    num_samples = SIZES[0]
+    expected = plain_pytorch_mean_loss(worker_common, num_samples)
+    for result in ranks:
+        assert sorted(result["train_eval"]["gathered"]) == list(range(num_samples))
+        assert result["train_eval"]["eval_loss_epoch"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_gather_concatenates_tensors_of_different_lengths_without_padding(ranks: list[dict[str, Any]]) -> None:
+    expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0]]
+    assert [result["gather"] for result in ranks] == [expected, expected]
+
+
+def test_gather_with_padding_value_pads_the_shorter_tensor(ranks: list[dict[str, Any]]) -> None:
+    expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0], [-1.0, -1.0], [-1.0, -1.0]]
+    assert [result["gather_padded"] for result in ranks] == [expected, expected]

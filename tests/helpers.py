@@ -1,0 +1,104 @@
+"""Small models, data sets and recorders shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import TRAINER_EVENTS, TrainerCallback
+
+
+def make_regression_data(num_samples: int, num_features: int = 3, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_samples, num_features, generator=generator)
+    y = x @ torch.arange(1.0, num_features + 1) + 0.1 * torch.randn(num_samples, generator=generator)
+    return TensorDataset(x, y.unsqueeze(1))
+
+
+def make_linear_model(num_features: int = 3, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(num_features, 1)
+
+
+class IndexedDataset(Dataset):
+    """Returns (features, target, index), so tests can see which samples a batch held."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = self.base[index]
+        return x, y, index
+
+
+class EventRecorder(TrainerCallback):
+    """Records the name of every event it receives into a shared list."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+
+def _make_recording_hook(event: str) -> Any:
+    def hook(self: EventRecorder, trainer: Any, **kwargs: Any) -> None:
+        self.log.append(event)
+
+    return hook
+
+
+for _event in TRAINER_EVENTS:
+    setattr(EventRecorder, _event, _make_recording_hook(_event))
+
+
+class RecordingTrainer(Trainer):
+    """A Trainer that records each overridable ML step into the same list as the callback."""
+
+    def __init__(self, *args: Any, log: list[str], **kwargs: Any) -> None:
+        self.log = log
+        super().__init__(*args, **kwargs)
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        self.log.append("calculate_train_batch_loss")
+        return super().calculate_train_batch_loss(batch)
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        self.log.append("backward_step")
+        super().backward_step(loss)
+
+    def _clip_gradients(self) -> None:
+        self.log.append("_clip_gradients")
+        super()._clip_gradients()
+
+    def optimizer_step(self) -> None:
+        self.log.append("optimizer_step")
+        super().optimizer_step()
+
+    def scheduler_step(self) -> None:
+        self.log.append("scheduler_step")
+        super().scheduler_step()
+
+    def optimizer_zero_grad(self) -> None:
+        self.log.append("optimizer_zero_grad")
+        super().optimizer_zero_grad()
+
+    def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
+        self.log.append("calculate_eval_batch_loss")
+        return super().calculate_eval_batch_loss(batch)
+
+
+def make_recording_trainer(log: list[str], extra_callbacks: tuple = (), **kwargs: Any) -> RecordingTrainer:
+    model = make_linear_model()
+    return RecordingTrainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(EventRecorder(log), *extra_callbacks),
+        log=log,
+        **kwargs,
+    )

@@ -1,0 +1,143 @@
+"""Bad input gets an error that names what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import make_linear_model, make_regression_data
+from torch import nn
+
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import TrainerCallback
+
+
+def make_trainer(**overrides: Any) -> Trainer:
+    model = make_linear_model()
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "loss_func": nn.MSELoss(),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
+        "callbacks": (),
+    }
+    kwargs.update(overrides)
+    return Trainer(**kwargs)
+
+
+def test_model_that_is_not_a_module_is_rejected_with_the_type_seen() -> None:
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got function"):
+        make_trainer(model=lambda x: x)
+
+
+def test_optimizer_of_the_wrong_type_is_rejected_with_an_example() -> None:
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, got list.*torch.optim.SGD"):
+        make_trainer(optimizer=[1, 2])
+
+
+def test_missing_optimizer_fails_train_before_any_work_and_says_how_to_pass_one() -> None:
+    trainer = make_trainer(optimizer=None)
+    with pytest.raises(ValueError, match=r"train\(\) needs an optimizer.*optimizer=None"):
+        trainer.train(make_regression_data(4), num_epochs=1)
+
+
+def test_missing_loss_function_names_the_method_to_override() -> None:
+    trainer = make_trainer(loss_func=None)
+    with pytest.raises(ValueError, match=r"calculate_train_batch_loss needs a loss function.*loss_func=None"):
+        trainer.train(make_regression_data(4), num_epochs=1)
+
+
+def test_loss_function_that_is_not_callable_is_rejected() -> None:
+    with pytest.raises(TypeError, match=r"loss_func must be callable.*'mse'"):
+        make_trainer(loss_func="mse")
+
+
+def test_empty_dataset_is_rejected_naming_the_argument() -> None:
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 3), torch.zeros(0, 1))
+    with pytest.raises(ValueError, match=r"train_dataset is empty"):
+        make_trainer().train(empty, num_epochs=1)
+    with pytest.raises(ValueError, match=r"eval_dataset is empty"):
+        make_trainer().train(make_regression_data(4), num_epochs=1, eval_dataset=empty)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("per_device_batch_size", 0),
+        ("num_epochs", 0),
+        ("gradient_accumulation_steps", -1),
+        ("max_num_train_steps", 0),
+        ("per_device_batch_size", 2.5),
+    ],
+)
+def test_counts_below_one_are_rejected_with_the_value_seen(argument: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {"num_epochs": 1, argument: value}
+    with pytest.raises(ValueError, match=rf"{argument} must be a whole number >= 1, got {value!r}"):
+        make_trainer().train(make_regression_data(4), **kwargs)
+
+
+@pytest.mark.parametrize("argument", ["gradient_clip_value", "max_grad_norm"])
+def test_non_positive_clipping_values_are_rejected(argument: str) -> None:
+    with pytest.raises(ValueError, match=rf"{argument} must be a number > 0 or None, got -1.0"):
+        make_trainer().train(make_regression_data(4), num_epochs=1, **{argument: -1.0})
+
+
+class SingleTensorDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.ones(3)
+
+
+def test_batch_the_default_loss_cannot_unpack_explains_the_expected_pair() -> None:
+    with pytest.raises(TypeError, match=r"expects each batch to be a pair \(inputs, targets\).*override calculate_train_batch_loss"):
+        make_trainer().train(SingleTensorDataset(), num_epochs=1, per_device_batch_size=1)
+
+
+def test_loss_that_is_not_a_scalar_tensor_is_rejected_with_its_shape() -> None:
+    trainer = make_trainer(loss_func=nn.MSELoss(reduction="none"))
+    with pytest.raises(ValueError, match=r"not a scalar tensor \(got \(2, 1\)\).*reduction='mean'"):
+        trainer.train(make_regression_data(4), num_epochs=1, per_device_batch_size=2)
+
+
+def test_batch_output_without_loss_lists_what_was_returned() -> None:
+    class NoLoss(Trainer):
+        def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+            return {"batch_size": 2}
+
+    model = make_linear_model()
+    trainer = NoLoss(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    with pytest.raises(TypeError, match=r"must return a dict with at least 'loss' and 'batch_size'.*\['batch_size'\]"):
+        trainer.train(make_regression_data(4), num_epochs=1, per_device_batch_size=2)
+
+
+def test_misspelt_callback_hook_is_rejected_with_a_suggestion() -> None:
+    class Typo(TrainerCallback):
+        def on_train_epoch_ends(self, trainer: Any, **kwargs: Any) -> None:
+            pass
+
+    with pytest.raises(ValueError, match=r"Typo.on_train_epoch_ends is not a Trainer event.*Did you mean 'on_train_epoch_end'\?"):
+        make_trainer(callbacks=(Typo(),))
+
+
+def test_callback_that_is_not_a_trainer_callback_is_rejected() -> None:
+    with pytest.raises(TypeError, match=r"callbacks must be TrainerCallback instances or classes, got 3"):
+        make_trainer(callbacks=(3,))
+
+
+def test_resume_from_says_it_is_not_available_yet() -> None:
+    with pytest.raises(NotImplementedError, match=r"resume_from is not available"):
+        make_trainer().train(make_regression_data(4), num_epochs=1, resume_from="somewhere")
+
+
+def test_evaluate_without_any_dataset_says_what_to_pass() -> None:
+    with pytest.raises(ValueError, match=r"evaluate\(\) needs a dataset"):
+        make_trainer().evaluate()
+
+
+def test_eval_set_too_small_to_split_without_empty_batches_says_how_to_fix() -> None:
+    from pytorch_accelerated.data import ShardedEvalBatchSampler
+
+    with pytest.raises(ValueError, match=r"3 samples cannot be split over 2 processes.*fewer processes"):
+        ShardedEvalBatchSampler(3, batch_size=1, num_processes=2, process_index=1)

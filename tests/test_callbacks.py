@@ -1,0 +1,176 @@
+"""Callback dispatch and the default callbacks, on real runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import make_linear_model, make_regression_data
+from torch import nn
+
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import (
+    DEFAULT_CALLBACKS,
+    CallbackHandler,
+    LogMetricsCallback,
+    MoveModulesToDeviceCallback,
+    PrintProgressCallback,
+    ProgressBarCallback,
+    TerminateOnNaNCallback,
+    TrainerCallback,
+    get_default_callbacks,
+)
+
+
+def test_default_callbacks_are_the_five_documented_classes_in_order() -> None:
+    assert DEFAULT_CALLBACKS == (
+        MoveModulesToDeviceCallback,
+        TerminateOnNaNCallback,
+        PrintProgressCallback,
+        ProgressBarCallback,
+        LogMetricsCallback,
+    )
+    assert ProgressBarCallback not in get_default_callbacks(progress_bar=False)
+
+
+def test_callback_classes_become_fresh_instances_per_trainer_and_caller_list_is_untouched() -> None:
+    callbacks = [TerminateOnNaNCallback, LogMetricsCallback()]
+    model = make_linear_model()
+    first = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=callbacks)
+    second = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=callbacks)
+    assert callbacks[0] is TerminateOnNaNCallback and len(callbacks) == 2
+    assert first.callback_handler.callbacks[0] is not second.callback_handler.callbacks[0]
+    assert isinstance(first.callback_handler.callbacks[0], TerminateOnNaNCallback)
+
+
+def test_callbacks_run_in_list_order_after_the_trainer_method() -> None:
+    order: list[str] = []
+
+    class Named(TrainerCallback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+            order.append(f"{self.name}:{'train' if trainer.model.training else 'eval'}")
+
+    class MyTrainer(Trainer):
+        def train_epoch_start(self) -> None:
+            order.append("method")
+            super().train_epoch_start()
+
+    model = make_linear_model()
+    trainer = MyTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Named("b"), Named("a")))
+    trainer.model.eval()
+    trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
+    assert order == ["method", "b:train", "a:train"]
+
+
+def test_custom_events_reach_callbacks_that_declare_them() -> None:
+    received: list[dict] = []
+
+    class Custom(TrainerCallback):
+        custom_events = ("on_my_event",)
+
+        def on_my_event(self, trainer: Any, **kwargs: Any) -> None:
+            received.append(kwargs)
+
+    handler = CallbackHandler([Custom()])
+    handler.call_event("on_my_event", None, value=3)
+    assert received == [{"value": 3}]
+
+
+def test_handler_registered_events_allow_matching_hooks() -> None:
+    handler = CallbackHandler()
+    handler.register_event("on_batch_skipped")
+
+    class Skipped(TrainerCallback):
+        def on_batch_skipped(self, trainer: Any, **kwargs: Any) -> None:
+            pass
+
+    handler.add_callback(Skipped())
+    assert len(handler.callbacks) == 1
+    with pytest.raises(ValueError, match=r"must be identifiers starting with 'on_'"):
+        handler.register_event("batch_skipped")
+
+
+class LossTrainer(Trainer):
+    def __init__(self, *args: Any, nan_at_step: int, **kwargs: Any) -> None:
+        self.nan_at_step = nan_at_step
+        super().__init__(*args, **kwargs)
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        output = super().calculate_train_batch_loss(batch)
+        if self.progress.global_step == self.nan_at_step:
+            output["loss"] = output["loss"] * float("nan")
+        return output
+
+
+@pytest.mark.parametrize(("check_every", "expected_stop_step"), [(1, 4), (4, 4), (3, 6)])
+def test_terminate_on_nan_stops_cleanly_at_the_next_check(check_every: int, expected_stop_step: int) -> None:
+    events: list[str] = []
+
+    class Ends(TrainerCallback):
+        def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
+            events.append("stop")
+
+        def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+            events.append("end")
+
+    model = make_linear_model()
+    trainer = LossTrainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(TerminateOnNaNCallback(check_every_n_steps=check_every), Ends()),
+        nan_at_step=3,
+    )
+    trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=2)
+    assert events == ["stop", "end"]
+    assert trainer.progress.global_step == expected_stop_step
+
+
+def test_move_modules_to_device_moves_the_loss_function_at_run_start() -> None:
+    moved: list[torch.device] = []
+
+    class WeightedLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(1))
+
+        def to(self, *args: Any, **kwargs: Any) -> WeightedLoss:
+            moved.append(args[0])
+            return super().to(*args, **kwargs)
+
+        def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return ((outputs - targets) ** 2 * self.scale).mean()
+
+    model = make_linear_model()
+    trainer = Trainer(model, WeightedLoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(MoveModulesToDeviceCallback,))
+    trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
+    trainer.evaluate(make_regression_data(2))
+    assert moved == [trainer.device, trainer.device]
+
+
+def test_default_callbacks_print_progress_and_metrics_for_each_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+    model = make_linear_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.train(make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=4)
+    out = capsys.readouterr().out
+    assert "Starting training run: 2 epochs, 2 updates per epoch, 1 process(es)" in out
+    assert out.count("train_loss_epoch: ") == 2 and out.count("eval_loss_epoch: ") == 2
+    assert "Starting epoch 2" in out and "Finishing training run" in out
+
+
+def test_log_metrics_can_be_overridden_to_send_metrics_elsewhere() -> None:
+    logged: list[dict] = []
+
+    class Collect(LogMetricsCallback):
+        def log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> None:
+            logged.append(metrics)
+
+    model = make_linear_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Collect(),))
+    trainer.train(make_regression_data(4), num_epochs=2, per_device_batch_size=2)
+    assert [set(m) for m in logged] == [{"train_loss_epoch"}, {"train_loss_epoch"}]
+    assert logged[1]["train_loss_epoch"] == trainer.run_history.get_metric_values("train_loss_epoch")[1]

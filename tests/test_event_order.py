@@ -1,0 +1,139 @@
+"""The exact order of events and ML steps, as published in docs/inside-the-trainer.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import make_recording_trainer, make_regression_data
+
+from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
+
+UPDATE = ["_clip_gradients", "optimizer_step", "scheduler_step", "optimizer_zero_grad"]
+
+
+def train_batch(update: bool) -> list[str]:
+    return [
+        "on_train_step_start",
+        "calculate_train_batch_loss",
+        "backward_step",
+        *(UPDATE if update else []),
+        "on_train_step_end",
+    ]
+
+
+EVAL_BATCH = ["on_eval_step_start", "calculate_eval_batch_loss", "on_eval_step_end"]
+
+
+def eval_epoch(num_batches: int) -> list[str]:
+    return ["on_eval_epoch_start", *EVAL_BATCH * num_batches, "on_eval_epoch_end"]
+
+
+def test_normal_run_fires_every_event_in_documented_order() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log)
+    trainer.train(make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+
+    epoch = [
+        "on_train_epoch_start",
+        *train_batch(update=True) * 2,
+        "on_train_epoch_end",
+        *eval_epoch(1),
+        "on_training_run_epoch_end",
+    ]
+    assert log == ["on_init_end", "on_training_run_start", *epoch * 2, "on_training_run_end"]
+
+
+def test_accumulation_updates_every_n_batches_and_on_the_partial_last_window() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log)
+    # 5 batches with 2 per update: windows [0, 1], [2, 3], [4].
+    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+
+    batches = [train_batch(update) for update in (False, True, False, True, True)]
+    expected = [
+        "on_init_end",
+        "on_training_run_start",
+        "on_train_epoch_start",
+        *[event for batch in batches for event in batch],
+        "on_train_epoch_end",
+        "on_training_run_epoch_end",
+        "on_training_run_end",
+    ]
+    assert log == expected
+    assert trainer.progress.global_step == 3
+    assert trainer.run_config.num_update_steps_per_epoch == 3
+
+
+def test_max_num_train_steps_stops_mid_epoch_then_ends_the_epoch_and_the_run() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log)
+    # 5 batches per epoch; 7 updates = one whole epoch and 2 batches of the second.
+    trainer.train(
+        make_regression_data(10),
+        num_epochs=5,
+        eval_dataset=make_regression_data(2),
+        per_device_batch_size=2,
+        max_num_train_steps=7,
+    )
+
+    def epoch(num_batches: int) -> list[str]:
+        return [
+            "on_train_epoch_start",
+            *train_batch(update=True) * num_batches,
+            "on_train_epoch_end",
+            *eval_epoch(1),
+            "on_training_run_epoch_end",
+        ]
+
+    assert log == ["on_init_end", "on_training_run_start", *epoch(5), *epoch(2), "on_training_run_end"]
+    assert trainer.progress.global_step == 7
+    assert trainer.run_config.num_epochs == 2
+    assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
+
+
+class StopAtSecondStep(TrainerCallback):
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        if trainer.progress.global_step == 2:
+            raise StopTrainingError("enough")
+
+
+def test_stop_training_error_fires_stop_event_then_run_end_and_returns_normally() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log, extra_callbacks=(StopAtSecondStep(),))
+    trainer.train(make_regression_data(10), num_epochs=3, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+
+    assert log == [
+        "on_init_end",
+        "on_training_run_start",
+        "on_train_epoch_start",
+        *train_batch(update=True) * 2,
+        "on_stop_training_error",
+        "on_training_run_end",
+    ]
+    assert trainer.progress.global_step == 2
+
+
+class FailingCallback(TrainerCallback):
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        raise KeyError("metric_that_is_not_there")
+
+
+def test_exception_in_callback_propagates_unchanged_with_a_note_and_stops_all_events() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log, extra_callbacks=(FailingCallback(),))
+    with pytest.raises(KeyError, match="metric_that_is_not_there") as raised:
+        trainer.train(make_regression_data(4), num_epochs=2, per_device_batch_size=2)
+
+    assert "raised in callback FailingCallback.on_train_epoch_end" in getattr(raised.value, "__notes__", [])
+    assert log[-1] == "on_train_epoch_end"
+    assert "on_training_run_end" not in log
+
+
+def test_evaluate_fires_evaluation_run_events_around_one_eval_epoch() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log)
+    metrics = trainer.evaluate(make_regression_data(5), per_device_batch_size=2)
+
+    assert log == ["on_init_end", "on_evaluation_run_start", *eval_epoch(3), "on_evaluation_run_end"]
+    assert set(metrics) == {"evaluation_loss"}
