@@ -15,12 +15,12 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpointing
+from . import trainer_checkpoints, training_state
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
 from .data import (
     DeviceDataLoader,
@@ -101,6 +101,9 @@ class Trainer:
         self._eval_loss = LossTracker()
         self._loss_weight_unit: float | None = None
         self.last_grad_norm: torch.Tensor | None = None
+        self._train_generator: torch.Generator | None = None
+        self._epoch_finished = False
+        self._pending_resume: dict[str, Any] | None = None
         self.callback_handler.call_event("on_init_end", self)
 
     # ------------------------------------------------------------------ set-up
@@ -177,11 +180,6 @@ class Trainer:
                 "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
                 "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
             )
-        if resume_from is not None:
-            raise NotImplementedError(
-                "resume_from is not available in this version: training-state resume is being "
-                "built. Use load_checkpoint() to restore model and optimizer weights."
-            )
         check_train_arguments(
             num_epochs=num_epochs,
             per_device_batch_size=per_device_batch_size,
@@ -219,6 +217,8 @@ class Trainer:
             eval_dl_kwargs=eval_dataloader_kwargs,
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
+        if resume_from is not None:
+            trainer_checkpoints.load_training_state(self, resume_from, resuming=True)
         self._run_training()
 
     def evaluate(
@@ -309,6 +309,7 @@ class Trainer:
         """Return the training ``DataLoader`` (before it is prepared for distribution)."""
         kwargs = self._merge_dl_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
         self._train_sampler = None
+        self._train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(self.train_dataset):
             self._train_sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
             kwargs["sampler"] = self._train_sampler
@@ -425,11 +426,15 @@ class Trainer:
         assert self.run_config is not None
         try:
             self._run_method_then_event("training_run_start")
+            self._finish_resume()
             for epoch in range(self.progress.epoch, self.run_config.num_epochs):
-                self.progress.epoch = epoch
+                if epoch != self.progress.epoch:
+                    self.progress.epoch, self.progress.batch_index, self.progress.epoch_step = epoch, 0, 0
+                self._epoch_finished = False
                 self._run_train_epoch(self._train_dataloader)
                 if self._eval_dataloader is not None:
                     self._run_eval_epoch(self._eval_dataloader)
+                self._epoch_finished = True
                 self._run_method_then_event("training_run_epoch_end")
                 self.run_history._increment_epoch()
                 if self._reached_max_steps():
@@ -439,20 +444,34 @@ class Trainer:
             self.callback_handler.call_event("on_stop_training_error", self)
         self._run_method_then_event("training_run_end")
 
+    def _finish_resume(self) -> None:
+        # Callbacks set themselves up in on_training_run_start; their saved state goes in after.
+        # The RNGs are restored last, once nothing else of the set-up can draw from them.
+        if self._pending_resume is not None:
+            trainer_checkpoints.apply_callback_states(self, self._pending_resume["callbacks"])
+            training_state.restore_rng_states(self._pending_resume["rng"])
+            self._pending_resume = None
+
     def _run_train_epoch(self, train_dl: Any) -> None:
-        """Run one training epoch over ``train_dl``."""
-        if self._train_sampler is not None:
-            self._train_sampler.set_epoch(self.progress.epoch)
+        """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
+        epoch = self.progress.epoch
+        if self._train_sampler is not None and self._train_generator is not None:
+            # Workers' seeds then depend on the epoch only, as the shuffle order does.
+            self._train_generator.manual_seed(self._train_sampler.seed + epoch)
         loader_before = self._train_dataloader
         self._run_method_then_event("train_epoch_start")
         if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
             train_dl = self._train_dataloader
-        self._train_loss.reset()
-        self.progress.batch_index = self.progress.epoch_step = 0
-        num_batches = len(train_dl)
+        start = self.progress.batch_index
+        if start == 0:
+            self._train_loss.reset()
+        else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
+            train_dl = skip_first_batches(train_dl, start)
+        self._set_epoch(train_dl, epoch)
+        num_batches = start + len(train_dl)
         accumulation = self.run_config.gradient_accumulation_steps  # type: ignore[union-attr]
         window_weight: Any = 0
-        for step, batch in enumerate(train_dl):
+        for step, batch in enumerate(train_dl, start=start):
             self.callback_handler.call_event("on_train_step_start", self)
             window_start = step - step % accumulation
             window_size = min(accumulation, num_batches - window_start)
@@ -483,6 +502,15 @@ class Trainer:
                 break
         self._record_mean_loss(self._train_loss, "train_loss_epoch")
         self._run_method_then_event("train_epoch_end")
+
+
+    def _set_epoch(self, dataloader: Any, epoch: int) -> None:
+        # accelerate's loaders pass their own iteration count to the sampler when iterated, so
+        # they must be told the epoch too (a fresh or resumed loader would start again at 0).
+        if hasattr(dataloader, "set_epoch"):
+            dataloader.set_epoch(epoch)
+        if self._train_sampler is not None:
+            self._train_sampler.set_epoch(epoch)
 
     def _run_eval_epoch(self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
@@ -790,45 +818,37 @@ class Trainer:
 
         The file is written by each node's main process when ``save_per_node`` (for nodes that
         do not share a file system), else by the main process only; it is written to a
-        temporary name first, so an interrupted save never leaves a truncated file. Every
-        process must call this.
+        temporary name first, so an interrupted save never leaves a truncated file. Numpy
+        values and paths in ``checkpoint_kwargs`` are stored as safe equivalents (numbers,
+        tensors, strings). Every process must call this.
         """
-        extra = checkpointing.to_safe_value(dict(checkpoint_kwargs or {}))
-        reserved = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"} & set(extra)
-        if reserved:
-            raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
-        # Called on every process: with sharded models, collecting the state is collective.
-        checkpoint: dict[str, Any] = {"model_state_dict": self._accelerator.get_state_dict(self.model)}
-        if save_optimizer and self.optimizer is not None:
-            checkpoint["optimizer_state_dict"] = self.optimizer.state_dict()
-        if save_scheduler and self.scheduler is not None:
-            checkpoint["scheduler_state_dict"] = self.scheduler.state_dict()
-        checkpoint.update(extra)
-        writer = self._accelerator.is_local_main_process if save_per_node else self._accelerator.is_main_process
-        if writer:
-            checkpointing.atomic_torch_save(checkpoint, save_path)
-        self._accelerator.wait_for_everyone()
+        trainer_checkpoints.save_checkpoint(self, save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node)
 
     def load_checkpoint(
         self, checkpoint_path: str | os.PathLike, load_optimizer: bool = True, load_scheduler: bool = True
     ) -> dict[str, Any]:
-        """Load a file written by :meth:`save_checkpoint`; return its ``checkpoint_kwargs``."""
-        checkpoint = checkpointing.safe_torch_load(checkpoint_path)
-        if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-            raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
-        try:
-            self.get_model().load_state_dict(checkpoint.pop("model_state_dict"))
-        except RuntimeError as error:
-            raise RuntimeError(f"The checkpoint {str(checkpoint_path)!r} does not fit this model: {error}") from error
-        optimizer_state = checkpoint.pop("optimizer_state_dict", None)
-        scheduler_state = checkpoint.pop("scheduler_state_dict", None)
-        if load_optimizer:
-            if optimizer_state is None:
-                raise ValueError(f"{str(checkpoint_path)!r} holds no optimizer state; pass load_optimizer=False.")
-            self.optimizer.load_state_dict(optimizer_state)  # type: ignore[union-attr]
-        if load_scheduler and scheduler_state is not None and self.scheduler is not None:
-            self.scheduler.load_state_dict(scheduler_state)
-        return checkpoint
+        """Load a file written by :meth:`save_checkpoint` (never running code from it); return
+        its ``checkpoint_kwargs``."""
+        return trainer_checkpoints.load_checkpoint(self, checkpoint_path, load_optimizer, load_scheduler)
+
+    def save_training_state(self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+        """Save everything that decides the rest of the run into the directory ``output_dir``.
+
+        Model, optimizer, scheduler, gradient scaler, every process's RNG states, the run
+        history, every callback's ``state_dict()``, and the exact position (epoch, optimizer
+        step, batch). The directory appears only once complete. Every process must call this,
+        between optimizer updates (not inside an accumulation window). Continue a run with
+        ``train(..., resume_from=output_dir)``.
+        """
+        trainer_checkpoints.save_training_state(self, output_dir, checkpoint_kwargs)
+
+    def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
+        """Restore a state saved by :meth:`save_training_state`; return its ``checkpoint_kwargs``.
+
+        ``input_dir`` may be a state directory or a folder of them (the newest complete one is
+        taken). To continue training from it, use ``train(..., resume_from=input_dir)``.
+        """
+        return trainer_checkpoints.load_training_state(self, input_dir)
 
 
 class TrainerWithTimmScheduler(Trainer):

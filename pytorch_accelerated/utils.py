@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -17,6 +19,7 @@ __all__ = [
     "local_process_zero_first",
     "world_process_zero_only",
     "ModelEma",
+    "LimitBatches",
     "DataLoaderSlice",
     "worker_init_fn",
     "remove_padding",
@@ -87,6 +90,48 @@ class DataLoaderSlice:
         if name == "dl":
             raise AttributeError(name)
         return getattr(self.dl, name)
+
+
+#: The environment variable set by :class:`LimitBatches`; honoured for compatibility with
+#: scripts that set it themselves. The Trainer logs once when it takes effect.
+LIMIT_BATCHES_ENV_VAR = "PT_ACC_LIMIT_BATCHES"
+
+
+class LimitBatches:
+    """Limit every Trainer created inside the ``with`` block to ``num_batches`` training and
+    evaluation batches per epoch: a quick way to check that a script runs end to end.
+
+    It sets the environment variable ``PT_ACC_LIMIT_BATCHES`` on entry and restores its
+    previous value (or its absence) on exit; a Trainer created while it is set adds a
+    :class:`~pytorch_accelerated.callbacks.LimitBatchesCallback` and says so in its log.
+
+    >>> import os
+    >>> with LimitBatches(2):
+    ...     os.environ["PT_ACC_LIMIT_BATCHES"]
+    '2'
+    >>> "PT_ACC_LIMIT_BATCHES" in os.environ
+    False
+    """
+
+    def __init__(self, num_batches: int) -> None:
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"LimitBatches needs num_batches >= 1 (an int), got {num_batches!r}.")
+        self.num_batches = num_batches
+        self._previous: list[str | None] = []
+
+    def __enter__(self) -> LimitBatches:
+        self._previous.append(os.environ.get(LIMIT_BATCHES_ENV_VAR))
+        os.environ[LIMIT_BATCHES_ENV_VAR] = str(self.num_batches)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        previous = self._previous.pop()
+        if previous is None:
+            os.environ.pop(LIMIT_BATCHES_ENV_VAR, None)
+        else:
+            os.environ[LIMIT_BATCHES_ENV_VAR] = previous
 
 
 def remove_padding(padded_tensor: torch.Tensor, pad_value: Any) -> torch.Tensor:

@@ -126,9 +126,12 @@ def test_callback_that_is_not_a_trainer_callback_is_rejected() -> None:
         make_trainer(callbacks=(3,))
 
 
-def test_resume_from_says_it_is_not_available_yet() -> None:
-    with pytest.raises(NotImplementedError, match=r"resume_from is not available"):
-        make_trainer().train(make_regression_data(4), num_epochs=1, resume_from="somewhere")
+def test_resume_from_a_missing_directory_fails_before_training(tmp_path: Any) -> None:
+    trainer = make_trainer()
+    weights = trainer.model.weight.detach().clone()
+    with pytest.raises(FileNotFoundError, match=r"resume_from='.*somewhere': no such directory"):
+        trainer.train(make_regression_data(4), num_epochs=1, resume_from=tmp_path / "somewhere")
+    assert torch.equal(trainer.model.weight, weights)
 
 
 def test_evaluate_without_any_dataset_says_what_to_pass() -> None:

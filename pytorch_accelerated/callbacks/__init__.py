@@ -8,6 +8,7 @@ from .defaults import (
     ProgressBarCallback,
     TerminateOnNaNCallback,
 )
+from .training_state import SaveTrainingStateCallback
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
@@ -37,4 +38,5 @@ __all__ = [
     "PrintProgressCallback",
     "ProgressBarCallback",
     "LogMetricsCallback",
+    "SaveTrainingStateCallback",
 ]

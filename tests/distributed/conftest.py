@@ -31,8 +31,15 @@ DEFAULT_TIMEOUT_S = 120.0
 # Variables a launcher or an accelerate config may have left in the environment of the test
 # session; a worker must see only what its own launcher sets.
 _LAUNCH_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
 )
 
 
@@ -61,7 +68,9 @@ def free_port() -> int:
 
 
 def _worker_env(tmp_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the worker scripts
@@ -71,61 +80,98 @@ def _worker_env(tmp_dir: Path) -> dict[str, str]:
     return env
 
 
-def launch_workers(
+class RunningGroup:
+    """A launched worker group; :meth:`wait` collects it. Start two to overlap their start-up."""
+
+    def __init__(
+        self,
+        script: str,
+        out_dir: Path,
+        args: tuple[str, ...],
+        nproc: int,
+        timeout_s: float,
+        expect_success: bool,
+    ) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp_dir = out_dir / "tmp"
+        tmp_dir.mkdir(exist_ok=True)
+        script_path = str(WORKERS_DIR / script)
+        if nproc == 1:
+            command = [sys.executable, script_path]
+        else:
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(nproc),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(free_port()),
+                script_path,
+            ]
+        self.command = [*command, "--out", str(out_dir), *args]
+        self.out_dir, self.nproc, self.timeout_s, self.expect_success = (
+            out_dir,
+            nproc,
+            timeout_s,
+            expect_success,
+        )
+        self.start = time.monotonic()
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=out_dir,
+            env=_worker_env(tmp_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, so a hang can be killed whole
+        )
+
+    def wait(self) -> WorkerRun:
+        remaining = max(1.0, self.timeout_s - (time.monotonic() - self.start))
+        try:
+            output, _ = self.process.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            output, _ = self.process.communicate()
+            run = WorkerRun(self.command, -9, output, time.monotonic() - self.start, self.out_dir)
+            pytest.fail(
+                f"The worker group did not finish within {self.timeout_s:.0f} s (a hang?).\n{run.describe()}"
+            )
+        run = WorkerRun(
+            self.command, self.process.returncode, output, time.monotonic() - self.start, self.out_dir
+        )
+        run.results = [_read_json(self.out_dir / f"rank{rank}.json") for rank in range(self.nproc)]
+        if self.expect_success:
+            missing = [rank for rank, result in enumerate(run.results) if result is None]
+            assert run.returncode == 0 and not missing, (
+                f"The worker group failed (ranks without a result file: {missing}).\n{run.describe()}"
+            )
+        return run
+
+
+def start_workers(
     script: str,
     out_dir: Path,
     *args: str,
     nproc: int = 2,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     expect_success: bool = True,
-) -> WorkerRun:
-    """Run ``workers/<script>`` in ``nproc`` processes (torchrun), or as plain ``python`` if 1.
+) -> RunningGroup:
+    """Start ``workers/<script>`` in ``nproc`` processes (torchrun), or as plain ``python`` if 1.
 
     The script is called as ``script --out OUT_DIR *args``. On a timeout the whole process
     group is killed and the test fails with the output seen so far. With ``expect_success``
     the run must exit 0 and every rank must have written its result file.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir / "tmp"
-    tmp_dir.mkdir(exist_ok=True)
-    script_path = str(WORKERS_DIR / script)
-    if nproc == 1:
-        command = [sys.executable, script_path]
-    else:
-        command = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()),
-            script_path,
-        ]
-    command += ["--out", str(out_dir), *args]
+    return RunningGroup(script, out_dir, args, nproc, timeout_s, expect_success)
 
-    start = time.monotonic()
-    process = subprocess.Popen(
-        command,
-        cwd=out_dir,
-        env=_worker_env(tmp_dir),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, so a hang can be killed whole
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        run = WorkerRun(command, -9, output, time.monotonic() - start, out_dir)
-        pytest.fail(f"The worker group did not finish within {timeout_s:.0f} s (a hang?).\n{run.describe()}")
-    run = WorkerRun(command, process.returncode, output, time.monotonic() - start, out_dir)
-    run.results = [_read_json(out_dir / f"rank{rank}.json") for rank in range(nproc)]
-    if expect_success:
-        missing = [rank for rank, result in enumerate(run.results) if result is None]
-        assert run.returncode == 0 and not missing, (
-            f"The worker group failed (ranks without a result file: {missing}).\n{run.describe()}"
-        )
-    return run
+
+def launch_workers(script: str, out_dir: Path, *args: str, **kwargs: Any) -> WorkerRun:
+    """:func:`start_workers`, then wait for the group to finish."""
+    return start_workers(script, out_dir, *args, **kwargs).wait()
 
 
 def _read_json(path: Path) -> Any:
@@ -139,7 +185,12 @@ def load_worker_module(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_distributed_workers_{name}", WORKERS_DIR / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    writes_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # no __pycache__ beside the worker scripts
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     return module
 
 

@@ -26,8 +26,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     run = launch_workers(
         "eval_exactly_once.py",
         tmp_path_factory.mktemp("eval_exactly_once"),
-        "--batch-size", str(PER_DEVICE_BATCH),
-        "--sizes", json.dumps(SIZES),
+        "--batch-size",
+        str(PER_DEVICE_BATCH),
+        "--sizes",
+        json.dumps(SIZES),
         nproc=2,
     )
     return run.results
@@ -48,22 +50,30 @@ def test_worker_ran_as_a_group_of_two_processes(ranks: list[dict[str, Any]]) -> 
 
 
 @pytest.mark.parametrize("num_samples", SIZES)
-def test_gathered_indices_are_every_sample_exactly_once(ranks: list[dict[str, Any]], num_samples: int) -> None:
+def test_gathered_indices_are_every_sample_exactly_once(
+    ranks: list[dict[str, Any]], num_samples: int
+) -> None:
     for result in ranks:
         gathered = result[f"evaluate_{num_samples}"]["gathered"]
         assert sorted(gathered) == list(range(num_samples)), f"duplicates or gaps: {sorted(gathered)}"
 
 
 @pytest.mark.parametrize("num_samples", SIZES)
-def test_ranks_evaluate_disjoint_shares_that_cover_the_data_set(ranks: list[dict[str, Any]], num_samples: int) -> None:
-    shares = [[i for batch in result[f"evaluate_{num_samples}"]["local_batches"] for i in batch] for result in ranks]
+def test_ranks_evaluate_disjoint_shares_that_cover_the_data_set(
+    ranks: list[dict[str, Any]], num_samples: int
+) -> None:
+    shares = [
+        [i for batch in result[f"evaluate_{num_samples}"]["local_batches"] for i in batch] for result in ranks
+    ]
     assert all(shares), f"a rank evaluated no sample: {shares}"
     assert not set(shares[0]) & set(shares[1])
     assert sorted(shares[0] + shares[1]) == list(range(num_samples))
 
 
 @pytest.mark.parametrize("num_samples", SIZES)
-def test_both_ranks_run_the_same_number_of_eval_batches(ranks: list[dict[str, Any]], num_samples: int) -> None:
+def test_both_ranks_run_the_same_number_of_eval_batches(
+    ranks: list[dict[str, Any]], num_samples: int
+) -> None:
     counts = [len(result[f"evaluate_{num_samples}"]["local_batches"]) for result in ranks]
     assert counts[0] == counts[1] > 0
     assert all(batch for result in ranks for batch in result[f"evaluate_{num_samples}"]["local_batches"])
@@ -88,7 +98,9 @@ def test_eval_epoch_during_training_counts_every_sample_once(
         assert result["train_eval"]["eval_loss_epoch"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_gather_concatenates_tensors_of_different_lengths_without_padding(ranks: list[dict[str, Any]]) -> None:
+def test_gather_concatenates_tensors_of_different_lengths_without_padding(
+    ranks: list[dict[str, Any]],
+) -> None:
     expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0]]
     assert [result["gather"] for result in ranks] == [expected, expected]
 

@@ -13,7 +13,11 @@ TIMEOUT_S = 60.0
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> WorkerRun:
     return launch_workers(
-        "launch_error.py", tmp_path_factory.mktemp("launch_error"), nproc=2, timeout_s=TIMEOUT_S, expect_success=False
+        "launch_error.py",
+        tmp_path_factory.mktemp("launch_error"),
+        nproc=2,
+        timeout_s=TIMEOUT_S,
+        expect_success=False,
     )
 
 

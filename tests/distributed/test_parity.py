@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import launch_workers
+from conftest import start_workers
 
 pytestmark = pytest.mark.distributed
 
@@ -22,12 +22,32 @@ PER_DEVICE_BATCH = 4
 NUM_SAMPLES = 64  # a multiple of 2 x PER_DEVICE_BATCH x 2 (the largest accumulation)
 LR, MOMENTUM, SEED = 0.05, 0.9, 42
 CONFIGS = [
-    {"name": "accumulation_1", "gradient_accumulation_steps": 1, "num_epochs": 2, "max_num_train_steps": None},
-    {"name": "accumulation_2", "gradient_accumulation_steps": 2, "num_epochs": 2, "max_num_train_steps": None},
+    {
+        "name": "accumulation_1",
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 2,
+        "max_num_train_steps": None,
+    },
+    {
+        "name": "accumulation_2",
+        "gradient_accumulation_steps": 2,
+        "num_epochs": 2,
+        "max_num_train_steps": None,
+    },
     # 8 updates per epoch: stops in the middle of the first epoch.
-    {"name": "accumulation_1_max_steps", "gradient_accumulation_steps": 1, "num_epochs": 5, "max_num_train_steps": 3},
+    {
+        "name": "accumulation_1_max_steps",
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 5,
+        "max_num_train_steps": 3,
+    },
     # 4 updates per epoch: stops in the middle of the second epoch.
-    {"name": "accumulation_2_max_steps", "gradient_accumulation_steps": 2, "num_epochs": 5, "max_num_train_steps": 6},
+    {
+        "name": "accumulation_2_max_steps",
+        "gradient_accumulation_steps": 2,
+        "num_epochs": 5,
+        "max_num_train_steps": 6,
+    },
 ]
 CONFIG_NAMES = [config["name"] for config in CONFIGS]
 MAX_STEP_CONFIGS = [config for config in CONFIGS if config["max_num_train_steps"] is not None]
@@ -36,13 +56,33 @@ MAX_STEP_CONFIGS = [config for config in CONFIGS if config["max_num_train_steps"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One torchrun group of 2 processes and one plain 1-process run, each through every config."""
-    common_args = ["--configs", json.dumps(CONFIGS), "--num-samples", str(NUM_SAMPLES),
-                   "--lr", str(LR), "--momentum", str(MOMENTUM)]
-    two = launch_workers("parity.py", tmp_path_factory.mktemp("parity_2"), *common_args,
-                         "--batch-size", str(PER_DEVICE_BATCH), nproc=2)
-    one = launch_workers("parity.py", tmp_path_factory.mktemp("parity_1"), *common_args,
-                         "--batch-size", str(2 * PER_DEVICE_BATCH), nproc=1)
-    return {"two": two.results, "one": one.results[0]}
+    common_args = [
+        "--configs",
+        json.dumps(CONFIGS),
+        "--num-samples",
+        str(NUM_SAMPLES),
+        "--lr",
+        str(LR),
+        "--momentum",
+        str(MOMENTUM),
+    ]
+    two = start_workers(
+        "parity.py",
+        tmp_path_factory.mktemp("parity_2"),
+        *common_args,
+        "--batch-size",
+        str(PER_DEVICE_BATCH),
+        nproc=2,
+    )
+    one = start_workers(
+        "parity.py",
+        tmp_path_factory.mktemp("parity_1"),
+        *common_args,
+        "--batch-size",
+        str(2 * PER_DEVICE_BATCH),
+        nproc=1,
+    )
+    return {"two": two.wait().results, "one": one.wait().results[0]}
 
 
 def plain_pytorch_training(common: ModuleType, config: dict[str, Any]) -> tuple[torch.nn.Module, int]:
@@ -93,7 +133,9 @@ def test_worker_runs_used_two_processes_and_one_process(runs: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
-def test_two_processes_reach_the_weights_of_one_process_with_twice_the_batch(runs: dict[str, Any], name: str) -> None:
+def test_two_processes_reach_the_weights_of_one_process_with_twice_the_batch(
+    runs: dict[str, Any], name: str
+) -> None:
     two, one = runs["two"][0][name], runs["one"][name]
     assert two["num_processes"] == 2 and one["num_processes"] == 1
     assert_weights_close(two["weights"], one["weights"], f"{name}: 2 processes vs 1 process")
@@ -115,8 +157,11 @@ def test_one_process_trainer_reaches_the_weights_of_a_plain_pytorch_loop(
     one = runs["one"][config["name"]]
     assert one["global_step"] == oracle_steps
     assert_weights_close(one["weights"], expected, f"{config['name']}: 1-process Trainer vs plain PyTorch")
-    assert_weights_close(runs["two"][0][config["name"]]["weights"], expected,
-                         f"{config['name']}: 2-process Trainer vs plain PyTorch")
+    assert_weights_close(
+        runs["two"][0][config["name"]]["weights"],
+        expected,
+        f"{config['name']}: 2-process Trainer vs plain PyTorch",
+    )
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)

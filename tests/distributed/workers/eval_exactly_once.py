@@ -44,18 +44,25 @@ def main() -> None:
     model = make_mlp(seed=0)
     # lr=0: the eval after a training epoch sees the same fixed model as evaluate() does.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(*get_default_callbacks(progress_bar=False), recorder))
+    trainer = Trainer(
+        model, nn.MSELoss(), optimizer, callbacks=(*get_default_callbacks(progress_bar=False), recorder)
+    )
     result: dict[str, Any] = {}
 
     for num_samples in json.loads(args.sizes):
         dataset = RegressionDataset(num_samples, seed=2, with_index=True)
         metrics = trainer.evaluate(dataset, per_device_batch_size=args.batch_size)
-        result[f"evaluate_{num_samples}"] = {**recorder.record(), "evaluation_loss": metrics["evaluation_loss"]}
+        result[f"evaluate_{num_samples}"] = {
+            **recorder.record(),
+            "evaluation_loss": metrics["evaluation_loss"],
+        }
 
     # The evaluation run after a training epoch goes through the same loop.
     num_samples = json.loads(args.sizes)[0]
     eval_dataset = RegressionDataset(num_samples, seed=2, with_index=True)
-    trainer.train(RegressionDataset(16), num_epochs=1, eval_dataset=eval_dataset, per_device_batch_size=args.batch_size)
+    trainer.train(
+        RegressionDataset(16), num_epochs=1, eval_dataset=eval_dataset, per_device_batch_size=args.batch_size
+    )
     result["train_eval"] = {
         **recorder.record(),
         "eval_loss_epoch": trainer.run_history.get_latest_metric("eval_loss_epoch"),

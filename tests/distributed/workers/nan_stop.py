@@ -59,9 +59,13 @@ for _event in TRAINER_EVENTS:
     setattr(RecordEvents, _event, _recording_hook(_event))
 
 
-def train_until_stopped(callbacks: tuple[Any, ...], recorder: RecordEvents, num_epochs: int) -> dict[str, Any]:
+def train_until_stopped(
+    callbacks: tuple[Any, ...], recorder: RecordEvents, num_epochs: int
+) -> dict[str, Any]:
     model = make_mlp(seed=0)
-    trainer = NaNLossOnRank1(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(*callbacks, recorder))
+    trainer = NaNLossOnRank1(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(*callbacks, recorder)
+    )
     trainer.train(RegressionDataset(64), num_epochs=num_epochs, per_device_batch_size=2)
     config = trainer.run_config
     return {
@@ -77,10 +81,16 @@ def train_until_stopped(callbacks: tuple[Any, ...], recorder: RecordEvents, num_
 def main() -> None:
     args = parse_args()
     result = {
-        "default_callbacks": train_until_stopped(get_default_callbacks(progress_bar=False), RecordEvents(), num_epochs=2),
+        "default_callbacks": train_until_stopped(
+            get_default_callbacks(progress_bar=False), RecordEvents(), num_epochs=2
+        ),
         "check_every_step": train_until_stopped(
-            (MoveModulesToDeviceCallback(), TerminateOnNaNCallback(check_every_n_steps=1),
-             PrintProgressCallback(), LogMetricsCallback()),
+            (
+                MoveModulesToDeviceCallback(),
+                TerminateOnNaNCallback(check_every_n_steps=1),
+                PrintProgressCallback(),
+                LogMetricsCallback(),
+            ),
             RecordEvents(),
             num_epochs=2,
         ),

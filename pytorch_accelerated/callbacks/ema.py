@@ -1,0 +1,202 @@
+"""Keep, evaluate and save an exponential moving average (EMA) of the model's weights."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from accelerate import PartialState
+
+from .. import checkpointing
+from ..ema import ModelEma
+from .base import CallbackHandler, TrainerCallback
+from .monitoring import MetricWatchingCallback
+
+__all__ = ["ModelEmaCallback"]
+
+EMA_METRIC_PREFIX = "ema_model_"
+
+
+class ModelEmaCallback(MetricWatchingCallback):
+    """Average the model's weights after every optimizer update; evaluate and save the average.
+
+    - At ``on_training_run_start`` an EMA copy of the unwrapped model is made on
+      ``trainer.device`` (``model_ema(model, decay=decay)``); it is :attr:`ema_model`, and the
+      averaged network itself is ``ema_model.module``.
+    - After every optimizer update (``on_train_step_end`` when ``trainer.progress.global_step``
+      has moved) it is updated: ``ema = decay * ema + (1 - decay) * weights``. Batches that only
+      accumulate gradients do not update it.
+    - After each end-of-epoch evaluation, when ``evaluate_during_training``, the EMA weights are
+      evaluated on the same data with ``trainer.run_eval_epoch``, with every metric recorded
+      under the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``, and e.g.
+      ``ema_model_accuracy`` from a callback that records ``accuracy``). Every callback of the
+      Trainer sees the events of this evaluation, so place this callback after those that
+      compute metrics at ``on_eval_epoch_end``. Intermediate evaluations (such as those of
+      ``StepBasedEvaluationCallback``) are followed by an EMA evaluation only with
+      ``evaluate_intermediate=True``.
+    - ``callbacks``: callbacks (instances or classes) that take part in the EMA evaluation
+      only. They are added to the Trainer's callbacks just for that evaluation epoch, after the
+      others, so they see only its events (``on_eval_epoch_start`` to ``on_eval_epoch_end``).
+    - When ``watch_metric`` improves, the EMA weights are saved to ``save_path`` in the layout
+      of :meth:`Trainer.save_checkpoint` (``model_state_dict``, ``epoch`` counted from 1,
+      ``global_step``, the metric's value and ``ema_decay``), so ``trainer.load_checkpoint(path,
+      load_optimizer=False)`` loads them into a model. Without evaluation during training, the
+      final EMA weights are saved at the end of the run instead.
+    - At ``on_training_run_end``, when ``load_saved_checkpoint``, the best saved EMA weights are
+      loaded back into the EMA copy (``ema_model.module``); the trained model is left as it is.
+
+    Args:
+        decay: the weight kept by the average at each update, in [0, 1].
+        evaluate_during_training: evaluate the EMA weights after each evaluation epoch.
+        save_path: where to save the best EMA weights; None saves nothing.
+        watch_metric: the metric that decides which EMA weights are the best.
+        greater_is_better: True for metrics such as accuracy.
+        model_ema: the EMA class (or factory), called as ``model_ema(model, decay=decay)``.
+        callbacks: callbacks to run only during the EMA evaluation.
+        evaluate_intermediate: also evaluate the EMA weights after intermediate evaluations.
+        load_saved_checkpoint: load the best EMA weights into the EMA copy at the end of the run.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.99,
+        evaluate_during_training: bool = True,
+        save_path: str | os.PathLike | None = "ema_model.pt",
+        watch_metric: str = "ema_model_eval_loss_epoch",
+        greater_is_better: bool = False,
+        model_ema: Callable[..., ModelEma] = ModelEma,
+        callbacks: Iterable[TrainerCallback | type[TrainerCallback]] = (),
+        *,
+        evaluate_intermediate: bool = False,
+        load_saved_checkpoint: bool = True,
+    ) -> None:
+        super().__init__(watch_metric, greater_is_better, reset_on_train=True)
+        self.decay = decay
+        self.evaluate_during_training = evaluate_during_training
+        self.save_path = save_path
+        self.model_ema = model_ema
+        # Checked now (unknown hooks, classes instantiated), not in the middle of a run.
+        self.callbacks: list[TrainerCallback] = CallbackHandler(callbacks).callbacks
+        self.evaluate_intermediate = evaluate_intermediate
+        self.load_saved_checkpoint = load_saved_checkpoint
+        self.ema_model: ModelEma | None = None
+        self.best_epoch: int | None = None
+        self._pending_ema_state: dict[str, torch.Tensor] | None = None
+        self._last_global_step = 0
+        self._in_training_run = False
+        self._evaluating = False
+
+    def reset(self) -> None:
+        super().reset()
+        self.best_epoch = None
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        super().on_training_run_start(trainer)
+        self.ema_model = self.model_ema(trainer.get_model(), decay=self.decay).to(trainer.device)
+        if self._pending_ema_state is not None:
+            self.ema_model.module.load_state_dict(self._pending_ema_state)
+            self._pending_ema_state = None
+        self._last_global_step = trainer.progress.global_step
+        self._in_training_run = True
+
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        if self.ema_model is not None:
+            self._last_global_step = trainer.progress.global_step
+            self.ema_model.update(trainer.model)
+
+    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        if (
+            self._evaluating  # the EMA evaluation's own end event
+            or not self._in_training_run  # trainer.evaluate() outside a run
+            or not self.evaluate_during_training
+            or (is_intermediate and not self.evaluate_intermediate)
+            or self.ema_model is None
+        ):
+            return
+        self.evaluate_ema(trainer, is_intermediate=is_intermediate)
+
+    def evaluate_ema(self, trainer: Any, is_intermediate: bool = False) -> float:
+        """Evaluate the EMA weights on the evaluation data; metrics get the ``ema_model_`` prefix.
+
+        Returns the mean loss. Every process must call this.
+        """
+        if self.ema_model is None:
+            raise RuntimeError("ModelEmaCallback.evaluate_ema needs a training run to have started.")
+        handler = trainer.callback_handler
+        self._evaluating = True
+        for callback in self.callbacks:
+            handler.add_callback(callback)
+        try:
+            return trainer.run_eval_epoch(
+                model=self.ema_model.module, is_intermediate=is_intermediate, metric_name_prefix=EMA_METRIC_PREFIX
+            )
+        finally:
+            for callback in self.callbacks:
+                handler.remove_callback(callback)
+            self._evaluating = False
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        if not self.evaluate_during_training or self.ema_model is None:
+            return
+        value = self.read_new_value(trainer)
+        if value is None or not self.agree_improvement(trainer, value):
+            return
+        self.best_metric, self.best_epoch = value, trainer.progress.epoch + 1
+        self._save(trainer, {"epoch": self.best_epoch, self.watch_metric: value})
+
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        super().on_training_run_end(trainer)
+        self._in_training_run = False
+        if self.ema_model is None or self.save_path is None:
+            return
+        if not self.evaluate_during_training:
+            self._save(trainer, {"epoch": trainer.progress.epoch + 1})
+        elif self.load_saved_checkpoint and self.best_epoch is not None:
+            PartialState().wait_for_everyone()  # the file is complete on every node
+            saved = checkpointing.safe_torch_load(self.save_path)
+            self.ema_model.module.load_state_dict(saved["model_state_dict"])
+            trainer.print(
+                f"Loaded the best EMA weights of epoch {self.best_epoch} "
+                f"({self.watch_metric} = {self.best_metric:.6g}) into ModelEmaCallback.ema_model"
+            )
+
+    def _save(self, trainer: Any, extra: dict[str, Any]) -> None:
+        if self.save_path is None or self.ema_model is None:
+            return
+        # The EMA copy is the same on every process: each node's main process writes it once.
+        if trainer.is_local_process_zero:
+            checkpoint = {
+                "model_state_dict": self.ema_model.module.state_dict(),
+                "global_step": trainer.progress.global_step,
+                "ema_decay": float(self.decay),
+                **extra,
+            }
+            checkpointing.atomic_torch_save(checkpoint, self.save_path)
+
+    def _unknown_metric_message(self, recorded: list[str]) -> str:
+        return (
+            f"{super()._unknown_metric_message(recorded)} To keep the EMA without evaluating it, "
+            f"pass ModelEmaCallback(evaluate_during_training=False)."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best metric and epoch, and the EMA weights (CPU tensors) once a run has started."""
+        state: dict[str, Any] = {**super().state_dict(), "best_epoch": self.best_epoch}
+        source = self.ema_model.module.state_dict() if self.ema_model is not None else self._pending_ema_state
+        if source is not None:
+            state["ema_state_dict"] = {name: tensor.detach().cpu().clone() for name, tensor in source.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; before a run starts, the EMA weights wait for it."""
+        super().load_state_dict(state)
+        self.best_epoch = state.get("best_epoch")
+        ema_state = state.get("ema_state_dict")
+        if ema_state is None:
+            return
+        if self.ema_model is not None:
+            self.ema_model.module.load_state_dict(ema_state)
+        else:
+            self._pending_ema_state = dict(ema_state)

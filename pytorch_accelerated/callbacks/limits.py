@@ -1,0 +1,98 @@
+"""Callbacks that run fewer batches per epoch, for quick debugging runs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..utils import LIMIT_BATCHES_ENV_VAR, DataLoaderSlice
+from .base import TrainerCallback
+
+
+def check_num_batches(value: Any, owner: str, name: str) -> int:
+    """Return ``value`` if it is an int >= 1, else raise a ValueError naming ``owner`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner} needs {name} >= 1 (an int), got {value!r}.")
+    return value
+
+
+class LimitedLoader(DataLoaderSlice):
+    """A :class:`DataLoaderSlice` put in place by a limiting callback; ``dl`` is the loader it replaced.
+
+    Limits are never nested: limiting a limited loader slices the original with the smaller
+    limit, and :func:`unlimit` always gives back the original, whatever order the callbacks
+    that installed the limits run in.
+    """
+
+
+def limit(loader: Any, num_batches: int) -> LimitedLoader:
+    """Return ``loader`` cut to its first ``num_batches`` batches."""
+    if isinstance(loader, LimitedLoader):
+        current = loader.num_batches if loader.num_batches is not None else num_batches
+        return LimitedLoader(loader.dl, min(num_batches, current))
+    return LimitedLoader(loader, num_batches)
+
+
+def unlimit(loader: Any) -> Any:
+    """Return the loader that :func:`limit` replaced (``loader`` itself if it was not limited)."""
+    return loader.dl if isinstance(loader, LimitedLoader) else loader
+
+
+class LimitBatchesCallback(TrainerCallback):
+    """Run only the first ``num_batches`` training and evaluation batches of each epoch.
+
+    Meant for quick debugging runs: check that a script runs end to end before the real run.
+    The loaders are replaced at the start of each epoch and restored at its end. The run
+    config, the placeholders (e.g. ``NUM_UPDATE_STEPS_PER_EPOCH``, so a scheduler made from
+    them) and ``max_num_train_steps``'s number of epochs are still computed from the full
+    loaders. Put it before ``ProgressBarCallback`` (first in the list) for the bars to show the
+    limited lengths. :class:`~pytorch_accelerated.utils.LimitBatches` adds it to every Trainer
+    created inside a ``with`` block.
+
+    Args:
+        num_batches: batches per epoch (per process), >= 1.
+    """
+
+    def __init__(self, num_batches: int) -> None:
+        self.num_batches = check_num_batches(num_batches, "LimitBatchesCallback", "num_batches")
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        loader = trainer.train_dataloader
+        if hasattr(loader, "set_epoch"):
+            # The slice stops accelerate's loader before its end, so it would not count the
+            # epoch and would shuffle every epoch alike: give it the Trainer's epoch instead.
+            loader.set_epoch(trainer.progress.epoch)
+        trainer.train_dataloader = limit(loader, self.num_batches)
+
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.train_dataloader = unlimit(trainer.train_dataloader)
+
+    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        trainer.eval_dataloader = limit(trainer.eval_dataloader, self.num_batches)
+
+    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        # A StopTrainingError skips the epoch-end events: restore the loaders here as well.
+        trainer.train_dataloader = unlimit(trainer.train_dataloader)
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
+
+def limit_batches_callback_from_env() -> LimitBatchesCallback | None:
+    """A :class:`LimitBatchesCallback` if ``PT_ACC_LIMIT_BATCHES`` is set (by
+    :class:`~pytorch_accelerated.utils.LimitBatches`, or by a script), else None."""
+    value = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
+    if not value:
+        return None
+    try:
+        num_batches = int(value)
+    except ValueError:
+        num_batches = 0
+    if num_batches < 1:
+        raise ValueError(
+            f"The environment variable {LIMIT_BATCHES_ENV_VAR}={value!r} must be a whole number >= 1 "
+            f"(batches per epoch). Unset it to train on every batch, or use "
+            f"`with pytorch_accelerated.utils.LimitBatches(n):`."
+        )
+    return LimitBatchesCallback(num_batches)

@@ -1,0 +1,312 @@
+"""ModelEmaCallback (per-update averaging, EMA evaluation, best EMA weights) and WSDCheckpointCallback."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import make_linear_model, make_regression_data
+from torch import nn
+
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
+from pytorch_accelerated.callbacks.ema import ModelEmaCallback
+from pytorch_accelerated.callbacks.wsd import WSDCheckpointCallback
+from pytorch_accelerated.checkpointing import safe_torch_load
+from pytorch_accelerated.schedulers import WSDLrScheduler
+
+EVAL_DATA = make_regression_data(12, seed=5)
+
+
+def weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def make_trainer(callbacks: tuple, seed: int = 0, momentum: float = 0.0) -> Trainer:
+    model = make_linear_model(seed=seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+    return Trainer(model, nn.MSELoss(), optimizer, callbacks=callbacks)
+
+
+class RecordUpdates(TrainerCallback):
+    """After each optimizer update: the model's weights and the EMA callback's weights."""
+
+    def __init__(self, ema_callback: ModelEmaCallback) -> None:
+        self.ema_callback = ema_callback
+        self.initial: dict[str, torch.Tensor] = {}
+        self.model_weights: list[dict[str, torch.Tensor]] = []
+        self.ema_weights: list[dict[str, torch.Tensor]] = []
+        self._last_step = 0
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.initial = weights(trainer.get_model())
+
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        if trainer.progress.global_step != self._last_step:
+            self._last_step = trainer.progress.global_step
+            self.model_weights.append(weights(trainer.get_model()))
+            self.ema_weights.append(weights(self.ema_callback.ema_model.module))
+
+
+def hand_ema(start: dict[str, torch.Tensor], updates: list[dict[str, torch.Tensor]], decay: float) -> list[dict]:
+    ema, history = dict(start), []
+    for current in updates:
+        ema = {name: decay * ema[name] + (1 - decay) * current[name] for name in ema}
+        history.append(ema)
+    return history
+
+
+class RecordEvalSamples(TrainerCallback):
+    """Records the number of samples of each evaluation epoch as ``name``, and each epoch's kind."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.count, self.calls = name, 0, []
+
+    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        self.count = 0
+
+    def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
+        self.count += batch_output["batch_size"]
+
+    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        self.calls.append(is_intermediate)
+        trainer.run_history.update_metric(self.name, self.count)
+
+
+class Scripted(TrainerCallback):
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.run_history.update_metric("scripted", self.values[trainer.progress.epoch])
+
+
+class CaptureEmaPerEpoch(TrainerCallback):
+    def __init__(self, ema_callback: ModelEmaCallback) -> None:
+        self.ema_callback, self.per_epoch = ema_callback, []
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.per_epoch.append(weights(self.ema_callback.ema_model.module))
+
+
+def assert_close_weights(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+def test_ema_matches_a_hand_computation_after_every_optimizer_update(tmp_path: Path) -> None:
+    ema_callback = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=tmp_path / "ema.pt")
+    recorder = RecordUpdates(ema_callback)
+    trainer = make_trainer((ema_callback, recorder))
+    # 6 batches per epoch, 2 per update: 3 updates per epoch, 6 in all.
+    trainer.train(make_regression_data(24), num_epochs=2, per_device_batch_size=4, gradient_accumulation_steps=2)
+    assert len(recorder.model_weights) == 6
+    expected = hand_ema(recorder.initial, recorder.model_weights, decay=0.5)
+    for actual, wanted in zip(recorder.ema_weights, expected, strict=True):
+        assert_close_weights(actual, wanted)
+    # Without evaluation, the final EMA weights are saved at the end of the run.
+    saved = safe_torch_load(tmp_path / "ema.pt")
+    assert (saved["epoch"], saved["global_step"], saved["ema_decay"]) == (2, 6, 0.5)
+    assert_close_weights(saved["model_state_dict"], expected[-1])
+
+
+def test_ema_eval_loss_is_recorded_each_epoch_from_the_ema_weights(tmp_path: Path) -> None:
+    ema_callback = ModelEmaCallback(decay=0.9, save_path=tmp_path / "ema.pt", load_saved_checkpoint=False)
+    trainer = make_trainer((ema_callback,))
+    trainer.train(make_regression_data(16), num_epochs=3, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    history = trainer.run_history
+    assert len(history.get_metric_values("ema_model_eval_loss_epoch")) == 3
+    assert len(history.get_metric_values("eval_loss_epoch")) == 3
+    x, y = EVAL_DATA.tensors
+    with torch.no_grad():
+        expected = nn.functional.mse_loss(ema_callback.ema_model.module(x), y).item()
+    assert history.get_latest_metric("ema_model_eval_loss_epoch") == pytest.approx(expected, rel=1e-5)
+    assert history.get_latest_metric("ema_model_eval_loss_epoch") != history.get_latest_metric("eval_loss_epoch")
+
+
+def test_metric_callbacks_record_prefixed_metrics_and_extra_callbacks_run_only_for_the_ema(tmp_path: Path) -> None:
+    everywhere, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
+    ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(ema_only,))
+    trainer = make_trainer((everywhere, ema_callback))
+    trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    history = trainer.run_history
+    assert history.get_metric_values("samples") == [12, 12]
+    assert history.get_metric_values("ema_model_samples") == [12, 12]
+    assert history.get_metric_values("ema_model_ema_only_samples") == [12, 12]
+    assert "ema_only_samples" not in history.get_metric_names()
+    assert ema_only not in trainer.callback_handler.callbacks
+
+
+class IntermediateEvalAtSecondBatch(TrainerCallback):
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        if step == 1:
+            trainer.run_eval_epoch()
+
+
+@pytest.mark.parametrize(("evaluate_intermediate", "ema_evals"), [(False, [False, False]), (True, [True, False, True, False])])
+def test_ema_is_evaluated_after_intermediate_evaluations_only_when_asked(
+    tmp_path: Path, evaluate_intermediate: bool, ema_evals: list[bool]
+) -> None:
+    counter = RecordEvalSamples("ema_samples")
+    ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(counter,), evaluate_intermediate=evaluate_intermediate)
+    trainer = make_trainer((IntermediateEvalAtSecondBatch(), ema_callback))
+    trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    assert counter.calls == ema_evals
+    assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 2
+
+
+def test_best_ema_weights_are_saved_and_loaded_back_into_the_ema_copy(tmp_path: Path) -> None:
+    path = tmp_path / "ema.pt"
+    ema_callback = ModelEmaCallback(decay=0.5, save_path=path, watch_metric="scripted")
+    capture = CaptureEmaPerEpoch(ema_callback)
+    trainer = make_trainer((Scripted([1.0, 0.5, 0.8, 0.9]), ema_callback, capture))
+    trainer.train(make_regression_data(16), num_epochs=4, per_device_batch_size=4)
+    saved = safe_torch_load(path)
+    assert set(saved) == {"model_state_dict", "epoch", "global_step", "ema_decay", "scripted"}
+    assert (saved["epoch"], saved["global_step"], saved["scripted"]) == (2, 8, 0.5)
+    assert_close_weights(saved["model_state_dict"], capture.per_epoch[1])
+    assert_close_weights(weights(ema_callback.ema_model.module), capture.per_epoch[1])
+    assert not torch.equal(ema_callback.ema_model.module.weight, capture.per_epoch[3]["weight"])
+    make_linear_model().load_state_dict(saved["model_state_dict"])  # loads into the bare model
+
+
+def test_ema_without_evaluation_data_names_the_metric_and_the_ways_out(tmp_path: Path) -> None:
+    trainer = make_trainer((ModelEmaCallback(save_path=tmp_path / "ema.pt"),))
+    with pytest.raises(ValueError) as error:
+        trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    message = str(error.value)
+    assert "watches the metric 'ema_model_eval_loss_epoch', but it was never recorded" in message
+    assert "pass eval_dataset to trainer.train(...)" in message
+    assert "evaluate_during_training=False" in message
+
+
+def test_ema_state_dict_round_trip_continues_the_average(tmp_path: Path) -> None:
+    first = ModelEmaCallback(decay=0.5, save_path=tmp_path / "ema.pt", watch_metric="scripted")
+    make_trainer((Scripted([0.3]), first)).train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    state = first.state_dict()
+    assert set(state) == {"best_metric", "best_epoch", "ema_state_dict"}
+    assert (state["best_metric"], state["best_epoch"]) == (0.3, 1)
+
+    resumed = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
+    resumed.load_state_dict(state)
+    recorder = RecordUpdates(resumed)
+    make_trainer((resumed, recorder), seed=3).train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    # The average goes on from the restored EMA weights, not from the new model's weights.
+    expected = hand_ema(state["ema_state_dict"], recorder.model_weights, decay=0.5)
+    assert_close_weights(weights(resumed.ema_model.module), expected[-1])
+    assert {k: resumed.state_dict()[k] for k in ("best_metric", "best_epoch")} == {"best_metric": 0.3, "best_epoch": 1}
+
+
+# ---------------------------------------------------------------- WSDCheckpointCallback
+
+WSD_FN = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3)
+
+
+class RecordPerStep(TrainerCallback):
+    def __init__(self) -> None:
+        self.per_step: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+        self.per_step[trainer.progress.global_step] = weights(trainer.get_model())
+
+
+def run_wsd(save_dir: Path) -> tuple[Trainer, WSDCheckpointCallback, RecordPerStep]:
+    callback, recorder = WSDCheckpointCallback(save_dir=save_dir), RecordPerStep()
+    trainer = make_trainer((callback, recorder), momentum=0.9)
+    # 10 updates per epoch, 40 in all: checkpoints at [10, 20, 40], decays from [9, 18, 36].
+    trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
+    return trainer, callback, recorder
+
+
+def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(tmp_path: Path) -> None:
+    trainer, callback, recorder = run_wsd(tmp_path / "ckpt")
+    assert trainer.scheduler.get_decay_start_steps() == [9, 18, 36]
+    assert trainer.scheduler.get_checkpoint_steps() == [10, 20, 40]
+    expected = [("pre_decay", 9, 0), ("post_decay", 10, 0), ("pre_decay", 18, 1), ("post_decay", 20, 1),
+                ("pre_decay", 36, 2), ("post_decay", 40, 2)]
+    names = [f"{'pre_decay_step' if phase == 'pre_decay' else 'checkpoint_step'}_{step}.pt" for phase, step, _ in expected]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(names)
+    assert callback.saved_checkpoints == [str(tmp_path / "ckpt" / name) for name in names]
+    for (phase, step, index), name in zip(expected, names, strict=True):
+        saved = safe_torch_load(tmp_path / "ckpt" / name)
+        assert (saved["phase"], saved["step"], saved["global_step"]) == (phase, step, step)
+        assert (saved["checkpoint_index"], saved["checkpoint_step"]) == (index, [10, 20, 40][index])
+        assert saved["epoch"] == (step - 1) // 10 + 1
+        assert saved["scheduler_state_dict"]["_num_updates"] == step
+        assert_close_weights(saved["model_state_dict"], recorder.per_step[step])
+
+
+@pytest.mark.parametrize(("scheduler_fn", "found"), [
+    (None, "this run has no scheduler (None)"),
+    (lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2), "this run has a StepLR"),
+])
+def test_wsd_callback_without_a_wsd_scheduler_says_how_to_create_one(tmp_path: Path, scheduler_fn: Any, found: str) -> None:
+    trainer = make_trainer((WSDCheckpointCallback(save_dir=tmp_path),))
+    with pytest.raises(TypeError) as error:
+        trainer.train(make_regression_data(8), num_epochs=1, create_scheduler_fn=scheduler_fn)
+    assert "WSDCheckpointCallback needs the trainer's scheduler to be a WSDLrScheduler" in str(error.value)
+    assert found in str(error.value)
+    assert "create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(" in str(error.value)
+
+
+class CaptureStart(TrainerCallback):
+    def __init__(self, stop: bool) -> None:
+        self.stop, self.weights, self.num_updates, self.lr, self.momentum = stop, {}, None, None, None
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.weights, self.num_updates = weights(trainer.get_model()), trainer.scheduler.num_updates
+        self.lr = trainer.optimizer.param_groups[0]["lr"]
+        self.momentum = trainer.optimizer.state[next(trainer.get_model().parameters())].get("momentum_buffer")
+        if self.stop:
+            raise StopTrainingError("captured")
+
+
+@pytest.mark.parametrize("is_continuation", [False, True])
+def test_initial_checkpoint_loads_model_and_optimizer_and_the_schedule_unless_a_continuation(
+    tmp_path: Path, is_continuation: bool
+) -> None:
+    run_wsd(tmp_path / "first")
+    pre_decay = tmp_path / "first" / "pre_decay_step_18.pt"
+    saved = safe_torch_load(pre_decay)
+    capture = CaptureStart(stop=True)
+    trainer = make_trainer((WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=pre_decay), capture), seed=7, momentum=0.9)
+    scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3, is_continuation_from_checkpoint=is_continuation)
+    trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn)
+    assert_close_weights(capture.weights, saved["model_state_dict"])
+    torch.testing.assert_close(capture.momentum, saved["optimizer_state_dict"]["state"][0]["momentum_buffer"])
+    assert capture.num_updates == (0 if is_continuation else 18)
+    assert capture.lr == pytest.approx(0.05)  # the peak: the stable branch, not the saved optimizer's value
+
+
+def test_a_run_from_a_pre_decay_checkpoint_saves_the_following_checkpoints(tmp_path: Path) -> None:
+    run_wsd(tmp_path / "first")
+    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "pre_decay_step_18.pt")
+    trainer = make_trainer((callback,), seed=7, momentum=0.9)
+    trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
+    # The schedule goes on from update 18: its checkpoint at 20 is this run's update 2.
+    assert [Path(p).name for p in callback.saved_checkpoints] == ["checkpoint_step_20.pt"]
+    saved = safe_torch_load(tmp_path / "second" / "checkpoint_step_20.pt")
+    assert (saved["step"], saved["global_step"], saved["phase"]) == (20, 2, "post_decay")
+
+
+def test_wsd_state_dict_round_trip_and_a_resumed_run_does_not_reload_the_initial_checkpoint(tmp_path: Path) -> None:
+    run_wsd(tmp_path / "first")
+    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "pre_decay_step_9.pt")
+    callback.load_state_dict({"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True})
+    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True}
+    capture = CaptureStart(stop=False)
+    trainer = make_trainer((callback, capture), seed=7, momentum=0.9)
+    before = weights(trainer.model)
+    trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
+    assert_close_weights(capture.weights, before)
+    assert capture.momentum is None  # the optimizer state was not loaded either
+    scheduler = trainer.scheduler
+    steps = zip(scheduler.get_decay_start_steps(), scheduler.get_checkpoint_steps(), strict=True)
+    written = [str(tmp_path / "second" / f"{name}_{step}.pt") for pair in steps for name, step in
+               zip(("pre_decay_step", "checkpoint_step"), pair, strict=True)]
+    assert callback.state_dict()["saved_checkpoints"] == ["a.pt", *written]
+    assert callback.state_dict()["initial_checkpoint_loaded"] is False
