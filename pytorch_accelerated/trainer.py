@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from . import trainer_checkpoints, training_state
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
+from .callbacks.limits import limit_batches_callback_from_env
 from .data import (
     DeviceDataLoader,
     ReproducibleShuffleSampler,
@@ -33,6 +34,7 @@ from .distributed import gather_ragged
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
+from .utils import LIMIT_BATCHES_ENV_VAR
 from .validation import check_batch_output, check_dataset, check_positive_int, check_train_arguments
 
 __all__ = [
@@ -80,10 +82,17 @@ class Trainer:
         self.model = model
         self.loss_func = loss_func
         self.optimizer = optimizer
-        self.callback_handler = CallbackHandler(callbacks)
+        # Compatibility: PT_ACC_LIMIT_BATCHES (set by utils.LimitBatches) limits every epoch.
+        env_limit = limit_batches_callback_from_env()
+        self.callback_handler = CallbackHandler((env_limit, *callbacks) if env_limit is not None else callbacks)
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
         self._check_accelerator()
+        if env_limit is not None:
+            self.print(
+                f"{LIMIT_BATCHES_ENV_VAR}={env_limit.num_batches} is set (by utils.LimitBatches or the "
+                f"environment): each epoch runs at most {env_limit.num_batches} batches."
+            )
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[..., Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -867,7 +876,7 @@ class TrainerWithTimmScheduler(Trainer):
         if self.scheduler is None:
             return
         metric = None
-        if "eval_loss_epoch" in self.run_history.get_metric_names():
+        if self._eval_dataloader is not None:  # this run evaluated: its loss is the metric
             metric = self.run_history.get_latest_metric("eval_loss_epoch")
         self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)
 

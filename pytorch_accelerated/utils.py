@@ -80,10 +80,12 @@ class DataLoaderSlice:
         return length if self.num_batches is None else min(length, self.num_batches)
 
     def __iter__(self) -> Iterator[Any]:
-        for index, batch in enumerate(self.dl):
-            if self.num_batches is not None and index >= self.num_batches:
-                break
+        if self.num_batches == 0:
+            return
+        for index, batch in enumerate(self.dl, start=1):
             yield batch
+            if index == self.num_batches:  # stop before the loader fetches one batch too many
+                break
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for attributes this class lacks: behave like the wrapped data loader.

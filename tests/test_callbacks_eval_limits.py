@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import os
 from typing import Any
 
@@ -185,6 +186,14 @@ def test_limit_batches_sets_the_variable_inside_and_restores_the_previous_value(
     assert os.environ[ENV] == "7"
 
 
+def test_limit_batches_docstring_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    runner = doctest.DocTestRunner()
+    for test in doctest.DocTestFinder().find(LimitBatches):
+        runner.run(test)
+    assert runner.summarize(verbose=False) == (0, 3)
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_a_bad_limit_batches_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(ENV, value)
@@ -194,7 +203,6 @@ def test_a_bad_limit_batches_variable_is_a_clear_error(monkeypatch: pytest.Monke
     assert limit_batches_callback_from_env() is None
 
 
-@pytest.mark.xfail(strict=True, reason="Trainer.__init__ does not read PT_ACC_LIMIT_BATCHES yet")
 def test_trainer_created_under_limit_batches_runs_limited_epochs_and_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
     with LimitBatches(2):
         trainer, probe = make_trainer()
@@ -204,7 +212,6 @@ def test_trainer_created_under_limit_batches_runs_limited_epochs_and_says_so_onc
     assert capsys.readouterr().out.count(ENV) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="callbacks/__init__.py does not export these callbacks yet")
 def test_callbacks_are_importable_from_the_callbacks_package() -> None:
     from pytorch_accelerated import callbacks
 

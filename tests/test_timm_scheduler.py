@@ -124,11 +124,6 @@ def test_per_epoch_schedule_is_stepped_after_each_epoch_with_the_eval_loss_as_me
     assert kinds == (["step_update"] * UPDATES_PER_EPOCH + ["step"]) * NUM_EPOCHS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TrainerWithTimmScheduler.training_run_epoch_end takes the metric from the history whenever "
-    "it holds eval_loss_epoch, so with reset_run_history=False a run without eval set gets the last run's loss",
-)
 def test_a_run_without_eval_set_passes_no_metric_even_if_the_kept_history_has_one() -> None:
     trainer, _ = train(t_in_epochs=True, with_eval=True)
     trainer.train(

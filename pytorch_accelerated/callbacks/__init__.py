@@ -8,6 +8,9 @@ from .defaults import (
     ProgressBarCallback,
     TerminateOnNaNCallback,
 )
+from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
+from .limits import LimitBatchesCallback
+from .sync_batchnorm import ConvertSyncBatchNormCallback
 from .training_state import SaveTrainingStateCallback
 
 
@@ -39,4 +42,8 @@ __all__ = [
     "ProgressBarCallback",
     "LogMetricsCallback",
     "SaveTrainingStateCallback",
+    "StepBasedEvaluationCallback",
+    "LimitEvalStepsCallback",
+    "LimitBatchesCallback",
+    "ConvertSyncBatchNormCallback",
 ]

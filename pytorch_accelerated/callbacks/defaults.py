@@ -90,55 +90,64 @@ class PrintProgressCallback(TrainerCallback):
 
 
 class ProgressBarCallback(TrainerCallback):
-    """A tqdm progress bar for each epoch, on each node's main process only.
+    """tqdm progress bars for training and evaluation epochs, on each node's main process only.
 
     The training bar shows the epoch's running loss and the learning rate. They are read
     only when tqdm redraws the bar (at most ten times a second), because reading a loss from
-    the GPU forces the host to wait for it.
+    the GPU forces the host to wait for it. An evaluation during training (e.g. every N
+    steps) gets its own bar below the training bar.
     """
 
     def __init__(self) -> None:
-        self.pbar: Any = None
+        self.train_bar: Any = None
+        self.eval_bar: Any = None
 
-    def _open(self, trainer: Any, dataloader: Any, desc: str) -> None:
-        self.pbar = tqdm(
+    def _open(self, trainer: Any, dataloader: Any, desc: str, position: int) -> Any:
+        return tqdm(
             total=len(dataloader),
             desc=desc,
             disable=not trainer.is_local_process_zero,
             leave=False,
             dynamic_ncols=True,
+            position=position,
         )
 
-    def _close(self) -> None:
-        if self.pbar is not None:
-            self.pbar.close()
-            self.pbar = None
-
     def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
-        self._open(trainer, trainer.train_dataloader, "train")
+        self.train_bar = self._open(trainer, trainer.train_dataloader, "train", position=0)
 
     def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        if self.pbar is not None and self.pbar.update(1):
+        if self.train_bar is not None and self.train_bar.update(1):
             postfix = {"loss": f"{trainer.running_loss:.4g}"}
             if trainer.optimizer is not None:
                 postfix["lr"] = f"{trainer.optimizer.param_groups[0]['lr']:.3g}"
-            self.pbar.set_postfix(postfix, refresh=False)
+            self.train_bar.set_postfix(postfix, refresh=False)
 
     def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
-        self._close()
+        _close(self.train_bar)
+        self.train_bar = None
 
     def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
-        self._open(trainer, trainer.eval_dataloader, "eval")
+        self.eval_bar = self._open(trainer, trainer.eval_dataloader, "eval", position=1 if self.train_bar is not None else 0)
 
     def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
-        if self.pbar is not None:
-            self.pbar.update(1)
+        if self.eval_bar is not None:
+            self.eval_bar.update(1)
 
     def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
-        self._close()
+        _close(self.eval_bar)
+        self.eval_bar = None
 
-    def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
-        self._close()
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        # A stopped run skips the epoch-end events: close whatever is still open.
+        _close(self.train_bar)
+        self.train_bar = None
+        _close(self.eval_bar)
+        self.eval_bar = None
+
+
+def _close(bar: Any) -> None:
+    if bar is not None:
+        bar.close()
 
 
 class LogMetricsCallback(TrainerCallback):

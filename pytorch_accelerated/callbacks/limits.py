@@ -57,12 +57,9 @@ class LimitBatchesCallback(TrainerCallback):
         self.num_batches = check_num_batches(num_batches, "LimitBatchesCallback", "num_batches")
 
     def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
-        loader = trainer.train_dataloader
-        if hasattr(loader, "set_epoch"):
-            # The slice stops accelerate's loader before its end, so it would not count the
-            # epoch and would shuffle every epoch alike: give it the Trainer's epoch instead.
-            loader.set_epoch(trainer.progress.epoch)
-        trainer.train_dataloader = limit(loader, self.num_batches)
+        # The Trainer tells the loader the epoch (through the slice), so each epoch still
+        # takes a new shuffle although accelerate's loader is never run to its end.
+        trainer.train_dataloader = limit(trainer.train_dataloader, self.num_batches)
 
     def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         trainer.train_dataloader = unlimit(trainer.train_dataloader)

@@ -10,39 +10,45 @@ from torch import nn
 
 from .base import TrainerCallback
 
-# Device types on which torch's SyncBatchNorm can synchronise in training mode (torch 2.x
-# raises "SyncBatchNorm expected input tensor to be on GPU ..." for any other).
-_SYNC_DEVICE_TYPES = ("cuda", "hpu", "xpu", torch._C._get_privateuse1_backend_name())
+# Device types on which torch's SyncBatchNorm works: on any other, DistributedDataParallel
+# refuses to wrap a model holding one ("SyncBatchNorm layers only work with GPU modules") and
+# its training forward raises.
+SYNC_BATCH_NORM_DEVICE_TYPES = ("cuda", "hpu", "xpu", torch._C._get_privateuse1_backend_name())
 
 
 class ConvertSyncBatchNormCallback(TrainerCallback):
     """Replace the model's BatchNorm layers by ``torch.nn.SyncBatchNorm`` when training on
-    several processes, so that batch statistics are computed over the global batch.
+    several GPUs, so that batch statistics are computed over the global batch.
 
     The conversion happens in ``on_init_end``, before the model is wrapped for distribution,
-    with ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` (the new layers keep the same
-    parameters, so the optimizer still updates them). On one process the model is left
-    unchanged: there is nothing to synchronise.
+    with ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; the new layers keep the same
+    parameter tensors, so the optimizer created beforehand still updates them.
 
-    torch synchronises batch norm only on GPUs (and XPU/HPU devices): on a group of CPU
-    processes the model is converted, evaluation works (it uses the running statistics), but a
-    training run stops at its start with an error saying so.
+    The model is left unchanged:
+
+    - on one process, where there is nothing to synchronise;
+    - on a group of CPU processes, because torch supports SyncBatchNorm only on GPU-like
+      devices (CUDA, XPU, HPU): each process then keeps its own batch statistics, as without
+      this callback, and the Trainer prints a line saying so. The same script can thus be
+      tried on CPU processes before it runs on GPUs.
+
+    ``converted`` tells whether the model was converted.
     """
 
     def __init__(self) -> None:
-        #: True once the model of the Trainer holds SyncBatchNorm layers.
         self.converted = False
 
     def on_init_end(self, trainer: Any, **kwargs: Any) -> None:
-        if PartialState().num_processes > 1:
-            trainer.model = nn.SyncBatchNorm.convert_sync_batchnorm(trainer.model)
-            self.converted = any(isinstance(module, nn.SyncBatchNorm) for module in trainer.model.modules())
-
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
-        if self.converted and trainer.device.type not in _SYNC_DEVICE_TYPES:
-            raise RuntimeError(
-                f"ConvertSyncBatchNormCallback converted the model's BatchNorm layers to "
-                f"SyncBatchNorm, but torch can only synchronise them on GPUs "
-                f"({', '.join(_SYNC_DEVICE_TYPES)}), not on {trainer.device.type!r}. Remove the "
-                f"callback for runs on {trainer.device.type!r} processes."
+        self.converted = False
+        if PartialState().num_processes <= 1:
+            return
+        device_type = trainer.device.type
+        if device_type not in SYNC_BATCH_NORM_DEVICE_TYPES:
+            trainer.print(
+                f"ConvertSyncBatchNormCallback: torch supports SyncBatchNorm only on "
+                f"{', '.join(SYNC_BATCH_NORM_DEVICE_TYPES)} devices, not {device_type!r}; batch-norm "
+                f"statistics stay per process in this run."
             )
+            return
+        trainer.model = nn.SyncBatchNorm.convert_sync_batchnorm(trainer.model)
+        self.converted = any(isinstance(module, nn.SyncBatchNorm) for module in trainer.model.modules())

@@ -76,7 +76,7 @@ def _worker_env(tmp_dir: Path) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the worker scripts
     env["PYTHONUNBUFFERED"] = "1"
     env["TMPDIR"] = str(tmp_dir)  # torchrun's log folders and any temporary file
-    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU (gloo) groups on every machine, as in CI
     return env
 
 

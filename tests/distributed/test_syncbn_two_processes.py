@@ -1,70 +1,61 @@
-"""ConvertSyncBatchNormCallback converts the model's batch norms before accelerate wraps it, on a
-real group of 2 CPU processes, and leaves a single process's model alone.
+"""ConvertSyncBatchNormCallback on a real group of 2 CPU processes, and on one process.
 
-torch synchronises batch norm only on GPU-like devices (SyncBatchNorm's training forward raises
-for CPU tensors in torch 2.x), so on CPU the group shows the conversion, evaluates correctly
-(running statistics, no synchronisation) and is refused training with a clear error: no
-training run is faked here.
+torch supports SyncBatchNorm only on GPU-like devices: DistributedDataParallel refuses to wrap a
+CPU model holding one ("SyncBatchNorm layers only work with GPU modules") and its training
+forward raises for CPU tensors (torch 2.14). So on CPU processes the callback leaves the model
+unchanged and says so, and the same script still trains. The conversion itself (on GPUs) needs
+a machine with two GPUs and is not exercised here: no GPU run is faked.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 import pytest
-import torch
-from conftest import WorkerRun, launch_workers, load_worker_module
-from torch import nn
+from conftest import WorkerRun, launch_workers
 
 pytestmark = pytest.mark.distributed
 
+NOTICE = "ConvertSyncBatchNormCallback: torch supports SyncBatchNorm only on"
+
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    run: WorkerRun = launch_workers("syncbn_worker.py", tmp_path_factory.mktemp("syncbn2"), nproc=2)
+def two(tmp_path_factory: pytest.TempPathFactory) -> WorkerRun:
+    run = launch_workers("syncbn_worker.py", tmp_path_factory.mktemp("syncbn2"), nproc=2)
     assert [r["num_processes"] for r in run.results] == [2, 2], run.describe()
     assert [r["world_size"] for r in run.results] == [2, 2]
-    return run.results
+    assert [r["device"] for r in run.results] == ["cpu", "cpu"]
+    return run
 
 
-def oracle_eval_loss() -> float:
-    """Plain PyTorch: the unconverted model in eval mode over the whole evaluation set."""
-    worker = load_worker_module("syncbn_worker")
-    common = load_worker_module("common")
-    model = worker.make_bn_model().eval()
-    x, y = common.make_data(worker.NUM_EVAL_SAMPLES)
-    with torch.no_grad():
-        return nn.functional.mse_loss(model(x), y).item()
-
-
-def test_batch_norms_are_sync_batch_norms_in_the_model_wrapped_for_two_processes(two: list[dict[str, Any]]) -> None:
-    for result in two:
-        assert result["converted"] is True
-        assert result["kinds_after_init"] == ["SyncBatchNorm"]
+def test_cpu_processes_keep_their_batch_norm_in_the_wrapped_model(two: WorkerRun) -> None:
+    for result in two.results:
+        assert result["converted"] is False
+        assert result["model_is_the_given_one"] is True
+        assert result["kinds_after_init"] == ["BatchNorm1d"]
         assert result["wrapper"] == "DistributedDataParallel"
-        assert result["kinds_in_wrapped_model"] == ["SyncBatchNorm"]
+        assert result["kinds_in_wrapped_model"] == ["BatchNorm1d"]
 
 
-def test_the_optimizer_still_updates_every_parameter_of_the_converted_model(two: list[dict[str, Any]]) -> None:
-    assert [r["optimizer_holds_every_parameter"] for r in two] == [True, True]
+def test_cpu_processes_say_once_that_batch_norm_stays_per_process(two: WorkerRun) -> None:
+    assert two.output.count(NOTICE) == 1, two.describe()  # printed by the node's main process
+    assert "batch-norm statistics stay per process in this run." in two.output
 
 
-def test_converted_model_evaluates_like_the_original_on_cpu(two: list[dict[str, Any]]) -> None:
-    expected = oracle_eval_loss()
-    assert [r["evaluation_loss"] for r in two] == pytest.approx([expected, expected], rel=1e-6)
+def test_cpu_processes_evaluate_and_train_the_unchanged_model(two: WorkerRun) -> None:
+    # The worker's plain-PyTorch oracle: the untouched model in eval mode over the whole set.
+    expected = two.results[0]["oracle_eval_loss"]
+    assert [r["evaluation_loss"] for r in two.results] == pytest.approx([expected, expected], rel=1e-6)
+    # 16 samples, batches of 4 over 2 processes: 2 updates per epoch, 2 epochs.
+    assert [r["global_step"] for r in two.results] == [4, 4]
 
 
-def test_training_on_cpu_processes_is_refused_with_a_message_naming_the_fix(two: list[dict[str, Any]]) -> None:
-    for result in two:
-        assert result["device"] == "cpu"
-        assert result["train_error"] is not None
-        assert "torch can only synchronise them on GPUs" in result["train_error"]
-        assert "Remove the callback for runs on 'cpu' processes." in result["train_error"]
-
-
-def test_one_process_keeps_its_batch_norm_and_trains(tmp_path: Any) -> None:
-    (result,) = launch_workers("syncbn_worker.py", tmp_path, nproc=1).results
+def test_one_process_keeps_its_batch_norm_silently(tmp_path: Path) -> None:
+    run = launch_workers("syncbn_worker.py", tmp_path, nproc=1)
+    (result,) = run.results
+    assert result["num_processes"] == 1
     assert result["converted"] is False
     assert result["model_is_the_given_one"] is True
     assert result["kinds_after_init"] == result["kinds_in_wrapped_model"] == ["BatchNorm1d"]
-    assert result["train_error"] is None
+    assert result["global_step"] == 8
+    assert NOTICE not in run.output
