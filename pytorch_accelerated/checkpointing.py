@@ -27,10 +27,7 @@ def to_safe_value(value: Any, where: str = "checkpoint_kwargs") -> Any:
     Raises:
         TypeError: for values that have no safe equivalent, naming where they were found.
     """
-    if isinstance(value, (*_SAFE_SCALARS, torch.Tensor, torch.dtype, torch.device, torch.Size)):
-        return value
-    if isinstance(value, PurePath):
-        return str(value)
+    # Before the scalar check: np.float64 and np.str_ subclass float and str, but pickle as numpy.
     if type(value).__module__ == "numpy":
         import numpy as np
 
@@ -38,6 +35,10 @@ def to_safe_value(value: Any, where: str = "checkpoint_kwargs") -> Any:
             return torch.from_numpy(np.ascontiguousarray(value))
         if isinstance(value, np.generic):
             return value.item()
+    if isinstance(value, (*_SAFE_SCALARS, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+        return value
+    if isinstance(value, PurePath):
+        return str(value)
     if isinstance(value, Mapping):
         return {key: to_safe_value(item, f"{where}[{key!r}]") for key, item in value.items()}
     if isinstance(value, (list, tuple)):

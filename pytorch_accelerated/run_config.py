@@ -48,7 +48,7 @@ class RunProgress:
 
     Attributes:
         epoch: the epoch being run, counted from 0 (``run_history.current_epoch`` is the same
-            epoch counted from 1).
+            epoch counted from 1); once an epoch's last event has fired, the next one.
         global_step: optimizer updates completed since the start of the run.
         batch_index: batches of the current epoch fully processed by this process.
         epoch_step: optimizer updates completed in the current epoch.

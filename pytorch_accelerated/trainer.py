@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
+from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
@@ -351,12 +352,12 @@ class Trainer:
         if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
             self.optimizer = self._accelerator.prepare(self.optimizer)
             self._prepared_optimizer = self.optimizer
-        if self._train_dataloader is not None and isinstance(self._train_dataloader, DataLoader):
+        if _needs_preparing(self._train_dataloader):
             self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
         self._eval_dataloader = self._prepare_eval_dataloader(self._eval_dataloader)
 
     def _prepare_eval_dataloader(self, dataloader: Any) -> Any:
-        if not isinstance(dataloader, DataLoader):
+        if not _needs_preparing(dataloader):
             return dataloader
         if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
             # Already split across processes: only move batches to the device.
@@ -436,16 +437,16 @@ class Trainer:
         try:
             self._run_method_then_event("training_run_start")
             self._finish_resume()
-            for epoch in range(self.progress.epoch, self.run_config.num_epochs):
-                if epoch != self.progress.epoch:
-                    self.progress.epoch, self.progress.batch_index, self.progress.epoch_step = epoch, 0, 0
-                self._epoch_finished = False
+            while self.progress.epoch < self.run_config.num_epochs:
                 self._run_train_epoch(self._train_dataloader)
                 if self._eval_dataloader is not None:
                     self._run_eval_epoch(self._eval_dataloader)
+                # A training state saved during the epoch-end event resumes at the next epoch.
                 self._epoch_finished = True
                 self._run_method_then_event("training_run_epoch_end")
                 self.run_history._increment_epoch()
+                self.progress.epoch, self.progress.batch_index, self.progress.epoch_step = self.progress.epoch + 1, 0, 0
+                self._epoch_finished = False
                 if self._reached_max_steps():
                     break
         except StopTrainingError as error:
@@ -879,6 +880,11 @@ class TrainerWithTimmScheduler(Trainer):
         if self._eval_dataloader is not None:  # this run evaluated: its loss is the metric
             metric = self.run_history.get_latest_metric("eval_loss_epoch")
         self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)
+
+
+def _needs_preparing(dataloader: Any) -> bool:
+    # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
+    return isinstance(dataloader, DataLoader) and not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher))
 
 
 def _has_accelerator_device() -> bool:

@@ -111,7 +111,9 @@ def save_training_state(trainer: Trainer, output_dir: str | os.PathLike, checkpo
             shutil.rmtree(temporary)
         temporary.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    training_state.write_file(training_state.capture_rng_states(), temporary / f"rng_state_{accelerator.process_index}.pt")
+    # Each process writes what is its own: its RNGs and its share of the epoch's loss so far.
+    own = {"rng": training_state.capture_rng_states(), "train_loss": _partial_loss(trainer, position)}
+    training_state.write_file(own, temporary / f"rng_state_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
         files = ["model.pt", "trainer_state.pt"]
         training_state.write_file(model_state, temporary / "model.pt")
@@ -163,16 +165,20 @@ def _trainer_state(trainer: Trainer, position: dict[str, int], history: dict[str
         for index, callback in enumerate(trainer.callback_handler.callbacks)
         if hasattr(callback, "state_dict")
     }
-    mid_epoch = position["batch_index"] > 0
     return {
         "progress": position,
         "run_history": checkpointing.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
-        "train_loss": {"total": trainer._train_loss.running_total, "count": trainer._train_loss.count} if mid_epoch else None,
         "loss_weight_unit": trainer._loss_weight_unit,
         "shuffle_seed": trainer._train_sampler.seed if trainer._train_sampler is not None else None,
         "checkpoint_kwargs": extra,
     }
+
+
+def _partial_loss(trainer: Trainer, position: dict[str, int]) -> dict[str, Any] | None:
+    if position["batch_index"] == 0:
+        return None
+    return {"total": trainer._train_loss.running_total, "count": trainer._train_loss.count}
 
 
 def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming: bool = False) -> dict[str, Any]:
@@ -198,14 +204,16 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     trainer.run_history.load_state_dict(state["run_history"])
     trainer.progress.load_state_dict(state["progress"])
     trainer._loss_weight_unit = state["loss_weight_unit"]
-    if state["train_loss"] is not None:
-        trainer._train_loss.reset()
-        trainer._train_loss.running_total = state["train_loss"]["total"].to(trainer.device) if hasattr(state["train_loss"]["total"], "to") else state["train_loss"]["total"]
-        trainer._train_loss.count = state["train_loss"]["count"]
     if trainer._train_sampler is not None and state["shuffle_seed"] is not None:
         trainer._train_sampler.seed = state["shuffle_seed"]
     rank_file = f"rng_state_{accelerator.process_index}.pt"
-    rng_states = training_state.load_file(directory, rank_file if rank_file in files else "rng_state_0.pt")
+    own = training_state.load_file(directory, rank_file if rank_file in files else "rng_state_0.pt")
+    rng_states = own["rng"]
+    trainer._train_loss.reset()
+    if own["train_loss"] is not None:
+        total = own["train_loss"]["total"]
+        trainer._train_loss.running_total = total.to(trainer.device) if hasattr(total, "to") else total
+        trainer._train_loss.count = own["train_loss"]["count"]
     if resuming:
         trainer._pending_resume = {"callbacks": state["callbacks"], "rng": rng_states}
     else:

@@ -103,6 +103,11 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     if not path.is_dir():
+        # A save that replaced a state of the same name may have been killed between its two
+        # renames: the complete new state, or else the old one, is still there under a hidden name.
+        for hidden in (temporary_dir_for(path), path.parent / f".{path.name}.replaced"):
+            if read_manifest(hidden) is not None:
+                return hidden
         raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
     if read_manifest(path) is not None:
         return path
