@@ -114,6 +114,7 @@ class Trainer:
         self._train_generator: torch.Generator | None = None
         self._epoch_finished = False
         self._pending_resume: dict[str, Any] | None = None
+        self._last_eval_loss = float("nan")
         self.callback_handler.call_event("on_init_end", self)
 
     # ------------------------------------------------------------------ set-up
@@ -537,10 +538,13 @@ class Trainer:
                 check_batch_output(batch_output, "calculate_eval_batch_loss")
                 self._eval_loss.update(batch_output["loss"], batch_output["batch_size"])
                 self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
+        # Computed before the end events: a callback there may run another evaluation.
+        mean_loss = self._mean_over_processes(self._eval_loss)
+        self._last_eval_loss = mean_loss
         if is_evaluation_run:
-            self._record_mean_loss(self._eval_loss, "evaluation_loss")
+            self.run_history.update_metric("evaluation_loss", mean_loss)
         elif not is_intermediate:
-            self._record_mean_loss(self._eval_loss, "eval_loss_epoch")
+            self.run_history.update_metric("eval_loss_epoch", mean_loss)
         self.eval_epoch_end()
         self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
 
@@ -574,11 +578,12 @@ class Trainer:
         self.run_history.set_metric_name_prefix(metric_name_prefix)
         try:
             self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
+            mean_loss = self._last_eval_loss
         finally:
             self.model, self._eval_dataloader = original_model, original_loader
             self.run_history.set_metric_name_prefix(previous_prefix)
             original_model.train(was_training)
-        return self._mean_over_processes(self._eval_loss)
+        return mean_loss
 
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.max_num_train_steps if self.run_config else None

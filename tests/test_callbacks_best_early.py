@@ -13,7 +13,7 @@ from helpers import EventRecorder, make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import TrainerCallback
+from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.callbacks.monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from pytorch_accelerated.checkpointing import safe_torch_load
 
@@ -79,10 +79,10 @@ def test_early_stopping_stops_at_the_expected_epoch(patience: int, threshold: fl
         assert events[-2:] == ["on_stop_training_error", "on_training_run_end"]
 
 
-@pytest.mark.parametrize(("greater_is_better", "stop_epoch"), [(True, 6), (False, 3)])
-def test_early_stopping_follows_greater_is_better(greater_is_better: bool, stop_epoch: int) -> None:
+@pytest.mark.parametrize(("greater_is_better", "threshold", "stop_epoch"), [(True, 0.01, 6), (True, 0.25, 3), (False, 0.01, 3)])
+def test_early_stopping_follows_greater_is_better(greater_is_better: bool, threshold: float, stop_epoch: int) -> None:
     values = [0.1, 0.3, 0.29, 0.5, 0.45, 0.4, 0.9]
-    stopper = EarlyStoppingCallback(2, 0.01, watch_metric="accuracy", greater_is_better=greater_is_better)
+    stopper = EarlyStoppingCallback(2, threshold, watch_metric="accuracy", greater_is_better=greater_is_better)
     trainer = train((ScriptedMetric(values, "accuracy"), stopper), num_epochs=len(values))
     assert epochs_run(trainer) == stop_epoch
 
@@ -213,3 +213,14 @@ def test_a_loaded_state_is_kept_when_the_next_run_starts() -> None:
     stopper.load_state_dict({"best_metric": 0.5, "num_epochs_without_improvement": 1})
     trainer = train((ScriptedMetric([0.9, 0.9, 0.9]), stopper), num_epochs=3)
     assert epochs_run(trainer) == 1
+
+
+def test_a_resumed_run_stops_at_the_same_epoch_as_the_uninterrupted_one(tmp_path: Path) -> None:
+    def callbacks() -> tuple:
+        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
+        return ScriptedMetric(SCRIPT), EarlyStoppingCallback(early_stopping_patience=2), saver
+
+    assert epochs_run(train(callbacks(), num_epochs=len(SCRIPT))) == 4
+    # After epoch 3 the best is 0.8 and one epoch went without improvement: epoch 4 is the second.
+    resumed = train(callbacks(), num_epochs=len(SCRIPT), resume_from=tmp_path / "states" / f"step-{3 * STEPS_PER_EPOCH:08d}")
+    assert epochs_run(resumed) == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
+from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
 from pytorch_accelerated.callbacks.ema import ModelEmaCallback
 from pytorch_accelerated.callbacks.wsd import WSDCheckpointCallback
 from pytorch_accelerated.checkpointing import safe_torch_load
@@ -32,14 +31,16 @@ def make_trainer(callbacks: tuple, seed: int = 0, momentum: float = 0.0) -> Trai
 
 
 class RecordUpdates(TrainerCallback):
-    """After each optimizer update: the model's weights and the EMA callback's weights."""
+    """The model's (and the EMA callback's) weights after each optimizer update and each epoch."""
 
-    def __init__(self, ema_callback: ModelEmaCallback) -> None:
-        self.ema_callback = ema_callback
-        self.initial: dict[str, torch.Tensor] = {}
-        self.model_weights: list[dict[str, torch.Tensor]] = []
+    def __init__(self, ema_callback: ModelEmaCallback | None = None) -> None:
+        self.ema_callback, self.initial, self._last_step = ema_callback, {}, 0
+        self.model_weights: list[dict[str, torch.Tensor]] = []  # index i: after update i + 1
         self.ema_weights: list[dict[str, torch.Tensor]] = []
-        self._last_step = 0
+        self.ema_per_epoch: list[dict[str, torch.Tensor]] = []
+
+    def ema(self) -> dict[str, torch.Tensor]:
+        return weights(self.ema_callback.ema_model.module) if self.ema_callback else {}
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         self.initial = weights(trainer.get_model())
@@ -48,7 +49,10 @@ class RecordUpdates(TrainerCallback):
         if trainer.progress.global_step != self._last_step:
             self._last_step = trainer.progress.global_step
             self.model_weights.append(weights(trainer.get_model()))
-            self.ema_weights.append(weights(self.ema_callback.ema_model.module))
+            self.ema_weights.append(self.ema())
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.ema_per_epoch.append(self.ema())
 
 
 def hand_ema(start: dict[str, torch.Tensor], updates: list[dict[str, torch.Tensor]], decay: float) -> list[dict]:
@@ -82,14 +86,6 @@ class Scripted(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         trainer.run_history.update_metric("scripted", self.values[trainer.progress.epoch])
-
-
-class CaptureEmaPerEpoch(TrainerCallback):
-    def __init__(self, ema_callback: ModelEmaCallback) -> None:
-        self.ema_callback, self.per_epoch = ema_callback, []
-
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
-        self.per_epoch.append(weights(self.ema_callback.ema_model.module))
 
 
 def assert_close_weights(actual: dict, expected: dict) -> None:
@@ -128,6 +124,13 @@ def test_ema_eval_loss_is_recorded_each_epoch_from_the_ema_weights(tmp_path: Pat
     assert history.get_latest_metric("ema_model_eval_loss_epoch") != history.get_latest_metric("eval_loss_epoch")
 
 
+def test_evaluate_after_training_does_not_evaluate_the_ema(tmp_path: Path) -> None:
+    trainer = make_trainer((ModelEmaCallback(save_path=tmp_path / "ema.pt"),))
+    trainer.train(make_regression_data(16), num_epochs=1, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    assert set(trainer.evaluate(EVAL_DATA)) == {"evaluation_loss"}
+    assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 1
+
+
 def test_metric_callbacks_record_prefixed_metrics_and_extra_callbacks_run_only_for_the_ema(tmp_path: Path) -> None:
     everywhere, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
     ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(ema_only,))
@@ -142,36 +145,55 @@ def test_metric_callbacks_record_prefixed_metrics_and_extra_callbacks_run_only_f
 
 
 class IntermediateEvalAtSecondBatch(TrainerCallback):
+    """Runs an intermediate evaluation; keeps its loss and the model's loss computed by hand."""
+
+    def __init__(self) -> None:
+        self.losses: list[tuple[float, float]] = []
+
     def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
         if step == 1:
-            trainer.run_eval_epoch()
+            x, y = EVAL_DATA.tensors
+            with torch.no_grad():
+                by_hand = nn.functional.mse_loss(trainer.get_model()(x), y).item()
+            self.losses.append((trainer.run_eval_epoch(), by_hand))
 
 
 @pytest.mark.parametrize(("evaluate_intermediate", "ema_evals"), [(False, [False, False]), (True, [True, False, True, False])])
 def test_ema_is_evaluated_after_intermediate_evaluations_only_when_asked(
     tmp_path: Path, evaluate_intermediate: bool, ema_evals: list[bool]
 ) -> None:
-    counter = RecordEvalSamples("ema_samples")
+    counter, intermediate = RecordEvalSamples("ema_samples"), IntermediateEvalAtSecondBatch()
     ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(counter,), evaluate_intermediate=evaluate_intermediate)
-    trainer = make_trainer((IntermediateEvalAtSecondBatch(), ema_callback))
+    trainer = make_trainer((intermediate, ema_callback))
     trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
     assert counter.calls == ema_evals
-    assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 2
+    history = trainer.run_history
+    assert len(history.get_metric_values("ema_model_eval_loss_epoch")) == 2
+    assert len(history.get_metric_values("ema_model_intermediate_eval_loss")) == (2 if evaluate_intermediate else 0)
+    # The EMA evaluation does not change what the model's intermediate evaluation returned.
+    for returned, by_hand in intermediate.losses:
+        assert returned == pytest.approx(by_hand, rel=1e-5)
 
 
 def test_best_ema_weights_are_saved_and_loaded_back_into_the_ema_copy(tmp_path: Path) -> None:
     path = tmp_path / "ema.pt"
     ema_callback = ModelEmaCallback(decay=0.5, save_path=path, watch_metric="scripted")
-    capture = CaptureEmaPerEpoch(ema_callback)
+    capture = RecordUpdates(ema_callback)
     trainer = make_trainer((Scripted([1.0, 0.5, 0.8, 0.9]), ema_callback, capture))
     trainer.train(make_regression_data(16), num_epochs=4, per_device_batch_size=4)
     saved = safe_torch_load(path)
     assert set(saved) == {"model_state_dict", "epoch", "global_step", "ema_decay", "scripted"}
     assert (saved["epoch"], saved["global_step"], saved["scripted"]) == (2, 8, 0.5)
-    assert_close_weights(saved["model_state_dict"], capture.per_epoch[1])
-    assert_close_weights(weights(ema_callback.ema_model.module), capture.per_epoch[1])
-    assert not torch.equal(ema_callback.ema_model.module.weight, capture.per_epoch[3]["weight"])
+    assert_close_weights(saved["model_state_dict"], capture.ema_per_epoch[1])
+    assert_close_weights(weights(ema_callback.ema_model.module), capture.ema_per_epoch[1])
+    assert not torch.equal(ema_callback.ema_model.module.weight, capture.ema_per_epoch[3]["weight"])
     make_linear_model().load_state_dict(saved["model_state_dict"])  # loads into the bare model
+
+
+@pytest.mark.parametrize("decay", [1.5, -0.1, "0.9"])
+def test_ema_callback_rejects_a_decay_outside_0_1_when_created(decay: Any) -> None:
+    with pytest.raises(ValueError, match=rf"ModelEmaCallback decay must be a number in \[0, 1\] .*got {decay!r}\."):
+        ModelEmaCallback(decay=decay)
 
 
 def test_ema_without_evaluation_data_names_the_metric_and_the_ways_out(tmp_path: Path) -> None:
@@ -206,16 +228,8 @@ def test_ema_state_dict_round_trip_continues_the_average(tmp_path: Path) -> None
 WSD_FN = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3)
 
 
-class RecordPerStep(TrainerCallback):
-    def __init__(self) -> None:
-        self.per_step: dict[int, dict[str, torch.Tensor]] = {}
-
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        self.per_step[trainer.progress.global_step] = weights(trainer.get_model())
-
-
-def run_wsd(save_dir: Path) -> tuple[Trainer, WSDCheckpointCallback, RecordPerStep]:
-    callback, recorder = WSDCheckpointCallback(save_dir=save_dir), RecordPerStep()
+def run_wsd(save_dir: Path) -> tuple[Trainer, WSDCheckpointCallback, RecordUpdates]:
+    callback, recorder = WSDCheckpointCallback(save_dir=save_dir), RecordUpdates()
     trainer = make_trainer((callback, recorder), momentum=0.9)
     # 10 updates per epoch, 40 in all: checkpoints at [10, 20, 40], decays from [9, 18, 36].
     trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
@@ -237,7 +251,7 @@ def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(
         assert (saved["checkpoint_index"], saved["checkpoint_step"]) == (index, [10, 20, 40][index])
         assert saved["epoch"] == (step - 1) // 10 + 1
         assert saved["scheduler_state_dict"]["_num_updates"] == step
-        assert_close_weights(saved["model_state_dict"], recorder.per_step[step])
+        assert_close_weights(saved["model_state_dict"], recorder.model_weights[step - 1])
 
 
 @pytest.mark.parametrize(("scheduler_fn", "found"), [
@@ -293,20 +307,43 @@ def test_a_run_from_a_pre_decay_checkpoint_saves_the_following_checkpoints(tmp_p
     assert (saved["step"], saved["global_step"], saved["phase"]) == (20, 2, "post_decay")
 
 
-def test_wsd_state_dict_round_trip_and_a_resumed_run_does_not_reload_the_initial_checkpoint(tmp_path: Path) -> None:
+def test_wsd_state_dict_round_trips_and_a_restored_state_skips_the_initial_checkpoint(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
     callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "pre_decay_step_9.pt")
-    callback.load_state_dict({"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True})
-    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True}
-    capture = CaptureStart(stop=False)
+    state = {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True}
+    callback.load_state_dict(state)
+    assert callback.state_dict() == state
+    capture = CaptureStart(stop=True)
     trainer = make_trainer((callback, capture), seed=7, momentum=0.9)
     before = weights(trainer.model)
     trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
     assert_close_weights(capture.weights, before)
     assert capture.momentum is None  # the optimizer state was not loaded either
-    scheduler = trainer.scheduler
-    steps = zip(scheduler.get_decay_start_steps(), scheduler.get_checkpoint_steps(), strict=True)
-    written = [str(tmp_path / "second" / f"{name}_{step}.pt") for pair in steps for name, step in
-               zip(("pre_decay_step", "checkpoint_step"), pair, strict=True)]
-    assert callback.state_dict()["saved_checkpoints"] == ["a.pt", *written]
-    assert callback.state_dict()["initial_checkpoint_loaded"] is False
+    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": False}
+
+
+def test_a_resumed_run_ends_with_the_ema_of_the_uninterrupted_run(tmp_path: Path) -> None:
+    def run(seed: int, **kwargs: Any) -> ModelEmaCallback:
+        ema_callback = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
+        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
+        make_trainer((ema_callback, saver), seed=seed).train(make_regression_data(16), num_epochs=2, per_device_batch_size=4, **kwargs)
+        return ema_callback
+
+    uninterrupted = weights(run(seed=0).ema_model.module)
+    resumed = run(seed=3, resume_from=tmp_path / "states" / "step-00000004")
+    assert_close_weights(weights(resumed.ema_model.module), uninterrupted)
+
+
+def test_a_resumed_run_is_not_restarted_from_the_initial_checkpoint(tmp_path: Path) -> None:
+    run_wsd(tmp_path / "first")
+    initial = tmp_path / "first" / "pre_decay_step_9.pt"
+
+    def run(**kwargs: Any) -> Trainer:
+        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
+        trainer = make_trainer((WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=initial), saver), momentum=0.9)
+        trainer.train(make_regression_data(40), num_epochs=2, per_device_batch_size=4, create_scheduler_fn=WSD_FN, **kwargs)
+        return trainer
+
+    uninterrupted = weights(run().get_model())
+    resumed = run(resume_from=tmp_path / "states" / "step-00000010")
+    assert_close_weights(weights(resumed.get_model()), uninterrupted)

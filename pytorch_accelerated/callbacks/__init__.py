@@ -8,10 +8,13 @@ from .defaults import (
     ProgressBarCallback,
     TerminateOnNaNCallback,
 )
+from .ema import ModelEmaCallback
 from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
 from .limits import LimitBatchesCallback
+from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
 from .training_state import SaveTrainingStateCallback
+from .wsd import WSDCheckpointCallback
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
@@ -46,4 +49,8 @@ __all__ = [
     "LimitEvalStepsCallback",
     "LimitBatchesCallback",
     "ConvertSyncBatchNormCallback",
+    "SaveBestModelCallback",
+    "EarlyStoppingCallback",
+    "ModelEmaCallback",
+    "WSDCheckpointCallback",
 ]

@@ -156,16 +156,26 @@ class LogMetricsCallback(TrainerCallback):
     Override :meth:`log_metrics` to send them elsewhere.
     """
 
+    def __init__(self) -> None:
+        self._counts_before: dict[str, int] = {}
+
     def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
-        self._log_latest(trainer)
+        history = trainer.run_history
+        self.log_metrics(trainer, {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())})
+
+    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        history = trainer.run_history
+        self._counts_before = {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
 
     def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
-        self._log_latest(trainer)
-
-    def _log_latest(self, trainer: Any) -> None:
+        # Only what this evaluation measured, not the training metrics still in the history.
         history = trainer.run_history
-        metrics = {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())}
-        self.log_metrics(trainer, metrics)
+        measured = {
+            name: history.get_latest_metric(name)
+            for name in sorted(history.get_metric_names())
+            if len(history.get_metric_values(name)) > self._counts_before.get(name, 0)
+        }
+        self.log_metrics(trainer, measured)
 
     def log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> None:
         """Print ``metrics`` on the main process of each node."""

@@ -33,9 +33,13 @@ class ModelEmaCallback(MetricWatchingCallback):
       under the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``, and e.g.
       ``ema_model_accuracy`` from a callback that records ``accuracy``). Every callback of the
       Trainer sees the events of this evaluation, so place this callback after those that
-      compute metrics at ``on_eval_epoch_end``. Intermediate evaluations (such as those of
-      ``StepBasedEvaluationCallback``) are followed by an EMA evaluation only with
-      ``evaluate_intermediate=True``.
+      compute metrics at ``on_eval_epoch_end``.
+    - Intermediate evaluations (such as those of ``StepBasedEvaluationCallback``) are followed
+      by an EMA evaluation only with ``evaluate_intermediate=True``. It runs once the model's
+      evaluation has returned (at this callback's next ``on_train_step_end`` or
+      ``on_train_epoch_end``: place it after the callback that evaluates to have it in the same
+      step), with ``is_intermediate=True``, and its loss is recorded as
+      ``ema_model_intermediate_eval_loss``.
     - ``callbacks``: callbacks (instances or classes) that take part in the EMA evaluation
       only. They are added to the Trainer's callbacks just for that evaluation epoch, after the
       others, so they see only its events (``on_eval_epoch_start`` to ``on_eval_epoch_end``).
@@ -72,6 +76,8 @@ class ModelEmaCallback(MetricWatchingCallback):
         evaluate_intermediate: bool = False,
         load_saved_checkpoint: bool = True,
     ) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
+            raise ValueError(f"ModelEmaCallback decay must be a number in [0, 1] (e.g. 0.99 or 0.999), got {decay!r}.")
         super().__init__(watch_metric, greater_is_better, reset_on_train=True)
         self.decay = decay
         self.evaluate_during_training = evaluate_during_training
@@ -87,6 +93,8 @@ class ModelEmaCallback(MetricWatchingCallback):
         self._last_global_step = 0
         self._in_training_run = False
         self._evaluating = False
+        self._pending_intermediate = False
+        self._epoch = 0
 
     def reset(self) -> None:
         super().reset()
@@ -99,12 +107,19 @@ class ModelEmaCallback(MetricWatchingCallback):
             self.ema_model.module.load_state_dict(self._pending_ema_state)
             self._pending_ema_state = None
         self._last_global_step = trainer.progress.global_step
-        self._in_training_run = True
+        self._in_training_run, self._pending_intermediate = True, False
 
     def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        if self.ema_model is not None:
+        if self.ema_model is not None and trainer.progress.global_step != self._last_global_step:
             self._last_global_step = trainer.progress.global_step
             self.ema_model.update(trainer.model)
+        self._run_pending_intermediate(trainer)
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        self._epoch = trainer.progress.epoch + 1  # the last epoch run, for the save at the end
+
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self._run_pending_intermediate(trainer)
 
     def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
         if (
@@ -115,7 +130,18 @@ class ModelEmaCallback(MetricWatchingCallback):
             or self.ema_model is None
         ):
             return
-        self.evaluate_ema(trainer, is_intermediate=is_intermediate)
+        if is_intermediate:
+            # Run once the intermediate evaluation has returned: nested inside it, the EMA
+            # evaluation would change the loss that run_eval_epoch returns to its caller.
+            self._pending_intermediate = True
+        else:
+            self.evaluate_ema(trainer)
+
+    def _run_pending_intermediate(self, trainer: Any) -> None:
+        if self._pending_intermediate:
+            self._pending_intermediate = False
+            loss = self.evaluate_ema(trainer, is_intermediate=True)
+            trainer.run_history.update_metric(f"{EMA_METRIC_PREFIX}intermediate_eval_loss", loss)
 
     def evaluate_ema(self, trainer: Any, is_intermediate: bool = False) -> float:
         """Evaluate the EMA weights on the evaluation data; metrics get the ``ema_model_`` prefix.
@@ -152,7 +178,7 @@ class ModelEmaCallback(MetricWatchingCallback):
         if self.ema_model is None or self.save_path is None:
             return
         if not self.evaluate_during_training:
-            self._save(trainer, {"epoch": trainer.progress.epoch + 1})
+            self._save(trainer, {"epoch": self._epoch})
         elif self.load_saved_checkpoint and self.best_epoch is not None:
             PartialState().wait_for_everyone()  # the file is complete on every node
             saved = checkpointing.safe_torch_load(self.save_path)

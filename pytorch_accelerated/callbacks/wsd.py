@@ -31,7 +31,8 @@ class WSDCheckpointCallback(TrainerCallback):
     state when the file has one, so that the old schedule carries on from the saved step (e.g.
     to run the decay from a pre-decay checkpoint). A scheduler created with
     ``is_continuation_from_checkpoint=True`` is a new schedule for the continued run: the saved
-    scheduler state is then not loaded.
+    scheduler state is then not loaded. A run resumed with ``train(resume_from=...)`` is not
+    restarted from ``initial_checkpoint``.
 
     Args:
         save_dir: the folder of the checkpoints (created when needed).
@@ -60,19 +61,24 @@ class WSDCheckpointCallback(TrainerCallback):
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         scheduler = self._check_scheduler(trainer.scheduler)
-        if self.initial_checkpoint is not None and not self._initial_checkpoint_loaded:
-            trainer.load_checkpoint(
-                self.initial_checkpoint,
-                load_optimizer=True,
-                load_scheduler=not scheduler.is_continuation_from_checkpoint,
-            )
-            # The optimizer state brought its own learning rates: apply the schedule's again.
-            scheduler.step_update(scheduler.num_updates)
-            self._initial_checkpoint_loaded = True
-            trainer.print(f"Continuing from {str(self.initial_checkpoint)!r} at scheduler step {scheduler.num_updates}")
-        else:
-            self._save_if_due(trainer, scheduler.num_updates)  # only a decay that starts at step 0
+        # A resumed run (train(resume_from=...)) is already past its start: nothing to do here.
+        fresh_run = trainer.progress.global_step == 0 and trainer.progress.batch_index == 0
+        if fresh_run and self.initial_checkpoint is None:
+            self._save_if_due(trainer, scheduler.num_updates)  # a decay that starts at step 0
+        elif fresh_run and not self._initial_checkpoint_loaded:
+            self._load_initial_checkpoint(trainer, scheduler)
         self._last_step = scheduler.num_updates
+
+    def _load_initial_checkpoint(self, trainer: Any, scheduler: WSDLrScheduler) -> None:
+        trainer.load_checkpoint(
+            self.initial_checkpoint,
+            load_optimizer=True,
+            load_scheduler=not scheduler.is_continuation_from_checkpoint,
+        )
+        # The optimizer state brought its own learning rates: apply the schedule's again.
+        scheduler.step_update(scheduler.num_updates)
+        self._initial_checkpoint_loaded = True
+        trainer.print(f"Continuing from {str(self.initial_checkpoint)!r} at scheduler step {scheduler.num_updates}")
 
     def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
         num_updates = trainer.scheduler.num_updates

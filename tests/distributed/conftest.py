@@ -129,13 +129,25 @@ class RunningGroup:
             start_new_session=True,  # its own process group, so a hang can be killed whole
         )
 
+    def _stop(self) -> str:
+        # torchrun puts its workers in sessions of their own, out of reach of killpg: SIGTERM
+        # makes torchrun stop them itself; SIGKILL the group only if that does not work.
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            try:
+                return self.process.communicate(timeout=10)[0]
+            except subprocess.TimeoutExpired:
+                return "(no output: the workers kept the pipe open after SIGKILL)"
+
     def wait(self) -> WorkerRun:
         remaining = max(1.0, self.timeout_s - (time.monotonic() - self.start))
         try:
             output, _ = self.process.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            output, _ = self.process.communicate()
+            output = self._stop()
             run = WorkerRun(self.command, -9, output, time.monotonic() - self.start, self.out_dir)
             pytest.fail(
                 f"The worker group did not finish within {self.timeout_s:.0f} s (a hang?).\n{run.describe()}"
