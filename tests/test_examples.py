@@ -1,0 +1,129 @@
+"""End-to-end runs of examples/train_digits.py: one process, and a real 2-process torchrun group.
+
+Each run writes into a pytest temporary folder; the test reads the accuracy from the run's last
+line (``FINAL test_accuracy=...``), then checks that the checkpoint loads safely into a fresh
+model that really scores that accuracy, and that the plot was written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.examples
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO_ROOT / "examples" / "train_digits.py"
+TIMEOUT_S = 120
+SEED = 42
+# Variables an outer launcher or accelerate config may have set; each run sees only its own.
+_LAUNCH_VARIABLES = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["TMPDIR"] = str(tmp_path)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU everywhere, as in CI
+    # The model is tiny: intra-op threads only add waiting, a lot of it on a busy CI machine.
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run_example(launcher: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[str, Path]:
+    out_dir = tmp_path / "outputs"
+    command = [*launcher, str(EXAMPLE), "--output-dir", str(out_dir), "--seed", str(SEED)]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
+    return output, out_dir
+
+
+def _final_accuracy(output: str) -> float:
+    found = re.findall(r"^FINAL test_accuracy=([0-9.]+)$", output, flags=re.MULTILINE)
+    assert len(found) == 1, (
+        f"expected one FINAL line (printed by the main process only), got {found}:\n{output}"
+    )
+    return float(found[0])
+
+
+@pytest.fixture(scope="module")
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_digits", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _assert_outputs_hold_the_trained_model(out_dir: Path, accuracy: float, example: ModuleType) -> None:
+    checkpoint = torch.load(out_dir / "digits_mlp.pt", weights_only=True)
+    assert checkpoint["test_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+    assert isinstance(checkpoint["scaler_mean"], torch.Tensor) and checkpoint["scaler_mean"].shape == (64,)
+    model = example.DigitsModel()
+    model.load_state_dict(checkpoint["model_state_dict"])
+    _, _, test_dataset, _ = example.load_digit_splits(SEED)
+    inputs, targets = test_dataset.tensors
+    with torch.no_grad():
+        reloaded_accuracy = (model.eval()(inputs).argmax(dim=-1) == targets).float().mean().item()
+    assert reloaded_accuracy == pytest.approx(accuracy, abs=1e-3)
+
+    plot = out_dir / "training_curves.png"
+    assert plot.is_file() and plot.stat().st_size > 1000
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot(tmp_path, example):
+    output, out_dir = _run_example([sys.executable], tmp_path, _env(tmp_path))
+
+    assert "num_processes=1" in output
+    accuracy = _final_accuracy(output)
+    assert accuracy >= 0.95, output
+    _assert_outputs_hold_the_trained_model(out_dir, accuracy, example)
+
+
+@pytest.mark.distributed
+def test_example_reaches_95_percent_on_two_torchrun_processes(tmp_path, example):
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+    ]
+    output, out_dir = _run_example(launcher, tmp_path, _env(tmp_path))
+
+    assert "num_processes=2" in output, output
+    accuracy = _final_accuracy(output)
+    assert accuracy >= 0.95, output
+    _assert_outputs_hold_the_trained_model(out_dir, accuracy, example)
