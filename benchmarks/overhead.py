@@ -26,17 +26,20 @@ optimizer, loader, Trainer and Accelerator is outside the timed region for every
 To keep the figures stable on a small, shared machine: ``torch.set_num_threads(1)`` is set
 for the whole process; every loop is run once untimed first (warm-up); the loops are then
 measured in a different order in each of ``--repeats`` rounds (interleaved, so that drift in
-machine speed affects them all alike) and the median of the rounds is reported. On a CPU
-device the clock is this process's CPU time (``time.process_time``), which other processes
-competing for the cores disturb far less than elapsed time; on an accelerator it is elapsed
-time (each loop ends by reading a loss, which waits for the device). stdout and
-stderr are sent to ``os.devnull`` while a loop runs, so the Trainer's progress bar and
-messages are produced (and paid for) but do not flood the terminal.
+machine speed affects them all alike). ``ms/step`` is the median over the rounds; ``x plain``
+(and the final ``RATIO`` line) is the median over the rounds of the loop's per-step cost
+divided by the plain loop's in the same round, which cancels slow spells that span a round.
+On a CPU device the clock is this process's CPU time (``time.process_time``), which other
+processes competing for the cores disturb far less than elapsed time; on an accelerator it is
+elapsed time (each loop ends by reading a loss, which waits for the device). stdout and stderr
+are sent to ``os.devnull`` while a loop runs, so the Trainer's progress bar and messages are
+produced (and paid for) but do not flood the terminal. Every run checks that it made exactly
+the expected number of optimizer steps. Results and profile: docs/benchmarks.md.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/overhead.py
-    .venv/bin/python benchmarks/overhead.py --steps 4096 --repeats 15 --json-out overhead.json
+    .venv/bin/python benchmarks/overhead.py --steps 2048 --repeats 21 --json-out overhead.json
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 # Measure the checkout this script lives in, whether or not the package is installed. The
-# entry replaces the script's own folder, so sys.path keeps its usual length: accelerate's
-# optimizer searches it on every step (see docs/benchmarks.md).
+# entry replaces the script's own folder, so sys.path keeps its usual length (accelerate 1.15's
+# optimizer wrapper searches it on every step: see docs/benchmarks.md).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import accelerate  # noqa: E402
@@ -73,8 +76,8 @@ NUM_FEATURES, HIDDEN, NUM_CLASSES = 32, 32, 10
 
 Clock = Callable[[], float]
 # A loop takes the data set, the batch size, a number of epochs and a clock, and returns the
-# seconds taken by the training itself.
-Loop = Callable[[TensorDataset, int, int, Clock], float]
+# seconds taken by the training itself and the number of optimizer steps it made.
+Loop = Callable[[TensorDataset, int, int, Clock], tuple[float, int]]
 
 
 def make_dataset(num_samples: int) -> TensorDataset:
@@ -101,11 +104,12 @@ def seeded_loader(data: TensorDataset, batch_size: int) -> DataLoader:
     return DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(SEED))
 
 
-def plain_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+def plain_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> tuple[float, int]:
     device = default_device()
     model, optimizer, loss_func = build_model()
     model.to(device)
     loader = seeded_loader(data, batch_size)
+    steps = 0
     start = clock()
     for _ in range(num_epochs):
         model.train()
@@ -118,14 +122,16 @@ def plain_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clo
             optimizer.zero_grad()
             # Summed on the device: reading it every step would wait for the device each time.
             epoch_loss += loss.detach() * inputs.shape[0]
+            steps += 1
         epoch_loss.item()  # read once per epoch (and it waits for the device's queued work)
-    return clock() - start
+    return clock() - start, steps
 
 
-def accelerate_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+def accelerate_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> tuple[float, int]:
     accelerator = Accelerator()
     model, optimizer, loss_func = build_model()
     model, optimizer, loader = accelerator.prepare(model, optimizer, seeded_loader(data, batch_size))
+    steps = 0
     start = clock()
     for _ in range(num_epochs):
         model.train()
@@ -136,17 +142,18 @@ def accelerate_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock
             optimizer.step()
             optimizer.zero_grad()
             epoch_loss += loss.detach() * inputs.shape[0]
+            steps += 1
         epoch_loss.item()
-    return clock() - start
+    return clock() - start, steps
 
 
 def trainer_loop(callbacks: tuple) -> Loop:
-    def run(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+    def run(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> tuple[float, int]:
         model, optimizer, loss_func = build_model()
         trainer = Trainer(model, loss_func, optimizer, callbacks=callbacks)
         start = clock()
         trainer.train(data, num_epochs=num_epochs, per_device_batch_size=batch_size, seed=SEED)
-        return clock() - start
+        return clock() - start, trainer.progress.global_step
 
     return run
 
@@ -165,17 +172,38 @@ def output_silenced() -> Iterator[None]:
         yield
 
 
-def time_run(loop: Loop, data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
+def time_run(name: str, data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> float:
     gc.collect()  # outside the timed region: every run starts with the same garbage (none)
     with output_silenced():
-        return loop(data, batch_size, num_epochs, clock)
+        seconds, steps = LOOPS[name](data, batch_size, num_epochs, clock)
+    expected = num_epochs * len(seeded_loader(data, batch_size))
+    if steps != expected:
+        raise RuntimeError(f"{name} made {steps} optimizer steps in {num_epochs} epochs, expected {expected}.")
+    return seconds
+
+
+def measure(args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, int], clock: Clock) -> dict[str, list[float]]:
+    """Per-step seconds of every loop in every round: (t_long - t_short) / extra steps."""
+    short_epochs, long_epochs = epochs
+    extra_steps = (long_epochs - short_epochs) * len(seeded_loader(data, args.batch_size))
+    names = list(LOOPS)
+    for name in names:  # warm-up: imports, allocator, accelerate state, first-call caches
+        time_run(name, data, args.batch_size, short_epochs, clock)
+    per_step: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(args.repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            t_short = time_run(name, data, args.batch_size, short_epochs, clock)
+            t_long = time_run(name, data, args.batch_size, long_epochs, clock)
+            per_step[name].append((t_long - t_short) / extra_steps)
+    return per_step
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2048,
+    parser.add_argument("--steps", type=int, default=1024,
                         help="optimizer steps in the long run beyond the short one (rounded up to whole epochs)")
-    parser.add_argument("--repeats", type=int, default=9, help="interleaved measurement rounds (the median is reported)")
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved measurement rounds (medians are reported)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dataset-size", type=int, default=1024, help="samples in the training set")
     parser.add_argument("--short-epochs", type=int, default=1, help="epochs in the short run")
@@ -185,7 +213,11 @@ def parse_args() -> argparse.Namespace:
              "waiting for an accelerator; wall: elapsed time; auto: cpu on a CPU device, else wall",
     )
     parser.add_argument("--json-out", type=Path, default=None, help="also write every measurement to this file")
-    return parser.parse_args()
+    args = parser.parse_args()
+    for option in ("steps", "repeats", "batch_size", "dataset_size", "short_epochs"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
+    return args
 
 
 def main() -> None:
@@ -196,52 +228,42 @@ def main() -> None:
     clock: Clock = time.process_time if clock_name == "cpu" else time.perf_counter
     data = make_dataset(args.dataset_size)
     steps_per_epoch = len(seeded_loader(data, args.batch_size))
-    extra_epochs = max(1, -(-args.steps // steps_per_epoch))
-    short_epochs, long_epochs = args.short_epochs, args.short_epochs + extra_epochs
-    measured_steps = extra_epochs * steps_per_epoch
+    extra_epochs = -(-args.steps // steps_per_epoch)
+    epochs = (args.short_epochs, args.short_epochs + extra_epochs)
     print(
         f"torch {torch.__version__}, accelerate {accelerate.__version__}, python {platform.python_version()}, "
         f"device {device}, torch threads {torch.get_num_threads()}, {clock_name} clock\n"
         f"MLP {NUM_FEATURES}->{HIDDEN}->{NUM_CLASSES}, batch {args.batch_size}, {args.dataset_size} samples "
-        f"({steps_per_epoch} steps/epoch); per-step cost = (t[{long_epochs} epochs] - t[{short_epochs} epochs]) "
-        f"/ {measured_steps} steps; median of {args.repeats} interleaved rounds after a warm-up",
+        f"({steps_per_epoch} steps/epoch); per-step cost = (t[{epochs[1]} epochs] - t[{epochs[0]} epochs]) "
+        f"/ {extra_epochs * steps_per_epoch} steps; {args.repeats} interleaved rounds after a warm-up",
         flush=True,
     )
-
-    names = list(LOOPS)
-    for name in names:  # warm-up: imports, allocator, accelerate state, first-call caches
-        time_run(LOOPS[name], data, args.batch_size, short_epochs, clock)
-    per_step: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(args.repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            t_short = time_run(LOOPS[name], data, args.batch_size, short_epochs, clock)
-            t_long = time_run(LOOPS[name], data, args.batch_size, long_epochs, clock)
-            per_step[name].append((t_long - t_short) / measured_steps)
+    per_step = measure(args, data, epochs, clock)
 
     median = {name: statistics.median(values) for name, values in per_step.items()}
+    ratio = {  # paired: each round's cost over the plain loop's in the same round
+        name: statistics.median(t / p for t, p in zip(values, per_step["plain"], strict=True))
+        for name, values in per_step.items()
+    }
     print(f"\n{'loop':<28}{'ms/step':>10}{'min':>9}{'max':>9}{'x plain':>10}")
-    for name in names:
-        values = per_step[name]
+    for name, values in per_step.items():
         print(
             f"{name:<28}{median[name] * 1e3:>10.4f}{min(values) * 1e3:>9.4f}{max(values) * 1e3:>9.4f}"
-            f"{median[name] / median['plain']:>10.2f}"
+            f"{ratio[name]:>10.2f}"
         )
-    ratio = median["trainer_default_callbacks"] / median["plain"]
     if args.json_out is not None:
         report = {
-            "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                       "steps_per_epoch": steps_per_epoch, "measured_steps": measured_steps,
-                       "short_epochs": short_epochs, "long_epochs": long_epochs},
+            "config": {**vars(args), "json_out": str(args.json_out), "steps_per_epoch": steps_per_epoch,
+                       "measured_steps": extra_epochs * steps_per_epoch, "epochs": list(epochs)},
             "environment": {"torch": torch.__version__, "accelerate": accelerate.__version__,
                             "python": platform.python_version(), "device": str(device),
                             "torch_threads": torch.get_num_threads(), "clock": clock_name},
             "seconds_per_step": per_step,
             "median_seconds_per_step": median,
-            "ratio_to_plain": {name: median[name] / median["plain"] for name in names},
+            "ratio_to_plain": ratio,
         }
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nRATIO trainer_default_callbacks/plain = {ratio:.2f}")
+    print(f"\nRATIO trainer_default_callbacks/plain = {ratio['trainer_default_callbacks']:.2f}")
 
 
 if __name__ == "__main__":

@@ -150,7 +150,11 @@ class LossTracker:
         if isinstance(loss_batch_value, torch.Tensor):
             loss_batch_value = loss_batch_value.detach()
         self.loss_value = loss_batch_value
-        self.running_total = self.running_total + loss_batch_value * batch_size
+        if isinstance(self.running_total, torch.Tensor) and isinstance(batch_size, (int, float)):
+            # One device op per step instead of two (a multiply, then an add).
+            self.running_total = self.running_total.add(loss_batch_value, alpha=batch_size)
+        else:
+            self.running_total = self.running_total + loss_batch_value * batch_size
         self.count = self.count + batch_size
 
     @property

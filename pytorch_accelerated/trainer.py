@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator, skip_first_batches
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -110,6 +110,7 @@ class Trainer:
         self._train_loss = LossTracker()
         self._eval_loss = LossTracker()
         self._loss_weight_unit: float | None = None
+        self._direct_steps = False
         self.last_grad_norm: torch.Tensor | None = None
         self._train_generator: torch.Generator | None = None
         self._epoch_finished = False
@@ -351,7 +352,12 @@ class Trainer:
             self.model = self._accelerator.prepare(self.model)
             self._prepared_model = self.model
         if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
-            self.optimizer = self._accelerator.prepare(self.optimizer)
+            prepared = self._accelerator.prepare(self.optimizer)
+            self._direct_steps = _accelerate_steps_pass_through(self._accelerator)
+            # Where accelerate's optimizer wrapper would only call through, the loop (and the
+            # scheduler) use the optimizer itself: the wrapper costs more than a small model's
+            # whole update (accelerate 1.15 searches sys.path for lomo_optim twice per step()).
+            self.optimizer = prepared.optimizer if self._direct_steps else prepared
             self._prepared_optimizer = self.optimizer
         if _needs_preparing(self._train_dataloader):
             self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
@@ -685,7 +691,10 @@ class Trainer:
 
     def backward_step(self, loss: torch.Tensor) -> None:
         """Compute gradients of ``loss``."""
-        self._accelerator.backward(loss)
+        if self._direct_steps:
+            loss.backward()  # all that accelerator.backward(loss) does here, but divide by 1
+        else:
+            self._accelerator.backward(loss)
 
     def _clip_gradients(self) -> None:
         """Clip gradients by value and/or total norm (only on update steps, after syncing)."""
@@ -890,6 +899,29 @@ class TrainerWithTimmScheduler(Trainer):
 def _needs_preparing(dataloader: Any) -> bool:
     # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
     return isinstance(dataloader, DataLoader) and not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher))
+
+
+#: Set-ups where ``Accelerator.backward`` and the prepared optimizer's ``step``/``zero_grad`` only
+#: call through to torch. Not DeepSpeed, Megatron-LM or XLA, whose engines do the stepping, nor
+#: FSDP, which stays on accelerate's path.
+_PASS_THROUGH_DISTRIBUTED_TYPES = frozenset(
+    getattr(DistributedType, name)
+    for name in (
+        "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU"
+    )
+    if hasattr(DistributedType, name)
+)
+
+
+def _accelerate_steps_pass_through(accelerator: Accelerator) -> bool:
+    """True where accelerate's backward and optimizer wrapper would add only their cost: no
+    fp16 loss scaler, no LOMO optimizer, no accumulation by accelerate, plain data parallelism."""
+    return (
+        accelerator.scaler is None
+        and not accelerator.has_lomo_optimizer
+        and accelerator.gradient_accumulation_steps == 1
+        and accelerator.distributed_type in _PASS_THROUGH_DISTRIBUTED_TYPES
+    )
 
 
 def _has_accelerator_device() -> bool:

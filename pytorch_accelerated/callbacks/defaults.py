@@ -11,6 +11,9 @@ from tqdm.auto import tqdm
 
 from .base import StopTrainingError, TrainerCallback
 
+#: TerminateOnNaNCallback folds its kept losses into one beyond this many, to bound memory.
+_MAX_UNCHECKED_LOSSES = 64
+
 
 class MoveModulesToDeviceCallback(TrainerCallback):
     """Move every ``nn.Module`` attribute of the Trainer other than the model (e.g. a loss
@@ -31,33 +34,39 @@ class MoveModulesToDeviceCallback(TrainerCallback):
 class TerminateOnNaNCallback(TrainerCallback):
     """Stop training when a training loss is NaN or infinite, on every process at once.
 
-    Non-finite losses are flagged on the device as they happen; every ``check_every_n_steps``
-    batches (and at the end of each epoch) the processes agree whether any saw one, and if so
-    all raise :class:`StopTrainingError` at the same step, so the run ends through the normal
-    end hooks. Checking less often than every batch avoids a device-to-host sync per step.
+    Each step's loss is kept, detached, where it was computed; every ``check_every_n_steps``
+    batches (and at the end of each epoch) the kept losses are checked in one go and the
+    processes agree whether any saw a non-finite one; if so all raise :class:`StopTrainingError`
+    at the same step, so the run ends through the normal end hooks. The other steps cost no
+    device work and no device-to-host sync.
     """
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}.")
         self.check_every_n_steps = check_every_n_steps
-        self._non_finite: torch.Tensor | None = None
+        self._unchecked_losses: list[torch.Tensor] = []
 
     def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
-        self._non_finite = None
+        self._unchecked_losses = []
 
     def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        loss = batch_output["loss"].detach()
-        bad = ~torch.isfinite(loss)
-        self._non_finite = bad if self._non_finite is None else self._non_finite | bad
+        self._unchecked_losses.append(batch_output["loss"].detach())
         if (step + 1) % self.check_every_n_steps == 0:
             self._stop_if_non_finite(trainer)
+        elif len(self._unchecked_losses) >= _MAX_UNCHECKED_LOSSES:
+            self._unchecked_losses = [self._largest_unchecked_loss()]
 
     def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         self._stop_if_non_finite(trainer)
 
+    def _largest_unchecked_loss(self) -> torch.Tensor:
+        # Finite exactly when every kept loss is: NaN and inf propagate through amax.
+        return torch.stack(self._unchecked_losses).abs().amax()
+
     def _stop_if_non_finite(self, trainer: Any) -> None:
-        flag = self._non_finite if self._non_finite is not None else False
+        flag = ~torch.isfinite(self._largest_unchecked_loss()) if self._unchecked_losses else False
+        self._unchecked_losses = []
         if trainer.any_process(flag):
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
