@@ -33,3 +33,17 @@ def _gather_tensor(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tens
     chunk = padded.shape[0]
     pieces = [gathered[i * chunk : i * chunk + n] for i, n in enumerate(lengths)]
     return torch.cat(pieces)
+
+
+def mean_over_processes(accelerator: Accelerator, total: Any, count: Any) -> float:
+    """``sum(total) / sum(count)`` over every process: one all-reduce and one host read."""
+    totals = torch.stack(
+        [
+            torch.as_tensor(total, dtype=torch.float64, device=accelerator.device),
+            torch.as_tensor(count, dtype=torch.float64, device=accelerator.device),
+        ]
+    )
+    if accelerator.num_processes > 1:
+        totals = accelerator.reduce(totals, reduction="sum")
+    summed_total, summed_count = totals.tolist()
+    return summed_total / summed_count if summed_count else float("nan")

@@ -16,12 +16,18 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
-from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-from accelerate.utils import DistributedType, broadcast_object_list, set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
 from . import trainer_checkpoints, training_state
+from .accelerate_support import (
+    accelerate_steps_pass_through,
+    check_accelerator,
+    has_accelerator_device,
+    needs_preparing,
+)
+from .accumulation import WindowWeighting
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
 from .callbacks.limits import limit_batches_callback_from_env
 from .data import (
@@ -31,12 +37,19 @@ from .data import (
     is_map_style,
     worker_init_fn,
 )
-from .distributed import gather_ragged
+from .distributed import gather_ragged, mean_over_processes
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import LIMIT_BATCHES_ENV_VAR
-from .validation import check_batch_output, check_dataset, check_positive_int, check_train_arguments
+from .validation import (
+    batch_size_of,
+    check_batch_output,
+    check_dataset,
+    check_positive_int,
+    check_train_arguments,
+    unpack_batch,
+)
 
 __all__ = [
     "Trainer",
@@ -88,7 +101,7 @@ class Trainer:
         self.callback_handler = CallbackHandler((env_limit, *callbacks) if env_limit is not None else callbacks)
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
-        self._check_accelerator()
+        check_accelerator(self._accelerator)
         if env_limit is not None:
             self.print(
                 f"{LIMIT_BATCHES_ENV_VAR}={env_limit.num_batches} is set (by utils.LimitBatches or the "
@@ -109,7 +122,7 @@ class Trainer:
         self._prepared_optimizer: Any = None
         self._train_loss = LossTracker()
         self._eval_loss = LossTracker()
-        self._loss_weight_unit: float | None = None
+        self._window_weighting = WindowWeighting(self._accelerator, per_device_batch_size=1)
         self._direct_steps = False
         self.last_grad_norm: torch.Tensor | None = None
         self._train_generator: torch.Generator | None = None
@@ -132,25 +145,7 @@ class Trainer:
         would make them: accelerate alone would leave each one training the whole run.
         """
         launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        return Accelerator(cpu=launched_as_group and not _has_accelerator_device())
-
-    def _check_accelerator(self) -> None:
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if launched != self._accelerator.num_processes:
-            raise RuntimeError(
-                f"The launcher started {launched} processes (WORLD_SIZE={launched}), but each one "
-                f"joined a group of {self._accelerator.num_processes}: they would all train the whole "
-                f"run separately. On a machine without GPUs, launch with `torchrun --nproc_per_node "
-                f"{launched} script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch "
-                f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
-            )
-        if self._accelerator.gradient_accumulation_steps != 1:
-            raise ValueError(
-                f"The Accelerator was configured with gradient_accumulation_steps="
-                f"{self._accelerator.gradient_accumulation_steps}; the Trainer handles accumulation "
-                f"itself. Remove it from the accelerate config and pass "
-                f"train(gradient_accumulation_steps=...) instead."
-            )
+        return Accelerator(cpu=launched_as_group and not has_accelerator_device())
 
     # ------------------------------------------------------------------ public entry points
 
@@ -229,6 +224,7 @@ class Trainer:
             eval_dl_kwargs=eval_dataloader_kwargs,
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
+        self._window_weighting = WindowWeighting(self._accelerator, per_device_batch_size)
         if resume_from is not None:
             trainer_checkpoints.load_training_state(self, resume_from, resuming=True)
         self._run_training()
@@ -353,18 +349,18 @@ class Trainer:
             self._prepared_model = self.model
         if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
             prepared = self._accelerator.prepare(self.optimizer)
-            self._direct_steps = _accelerate_steps_pass_through(self._accelerator)
+            self._direct_steps = accelerate_steps_pass_through(self._accelerator)
             # Where accelerate's optimizer wrapper would only call through, the loop (and the
             # scheduler) use the optimizer itself: the wrapper costs more than a small model's
             # whole update (accelerate 1.15 searches sys.path for lomo_optim twice per step()).
             self.optimizer = prepared.optimizer if self._direct_steps else prepared
             self._prepared_optimizer = self.optimizer
-        if _needs_preparing(self._train_dataloader):
+        if needs_preparing(self._train_dataloader):
             self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
         self._eval_dataloader = self._prepare_eval_dataloader(self._eval_dataloader)
 
     def _prepare_eval_dataloader(self, dataloader: Any) -> Any:
-        if not _needs_preparing(dataloader):
+        if not needs_preparing(dataloader):
             return dataloader
         if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
             # Already split across processes: only move batches to the device.
@@ -501,9 +497,9 @@ class Trainer:
                 weight = batch_output.get("num_items_in_batch", batch_output["batch_size"])
                 self._train_loss.update(batch_output["loss"], weight)
                 window_weight = window_weight + weight
-                self.backward_step(self._scale_for_window(batch_output["loss"], weight, window_size))
+                self.backward_step(self._window_weighting.scale(batch_output["loss"], weight, window_size))
             if is_update_step:
-                self._correct_window_weight(window_weight, window_size)
+                self._window_weighting.correct_gradients(self.model.parameters(), window_weight, window_size)
                 window_weight = 0
                 self._clip_gradients()
                 self.optimizer_step()
@@ -595,60 +591,10 @@ class Trainer:
         limit = self.run_config.max_num_train_steps if self.run_config else None
         return limit is not None and self.progress.global_step >= limit
 
-    # ------------------------------------------------------------------ loss weighting
-
-    def _scale_for_window(self, loss: torch.Tensor, weight: Any, window_size: int) -> torch.Tensor:
-        """Scale a batch's mean loss so that an update averages over every item of its window.
-
-        Each batch is weighted by ``weight / reference``, where the reference is the weight a
-        window of full batches would have; :meth:`_correct_window_weight` then fixes the
-        gradients of windows whose true weight differs (a smaller last batch, token counts).
-        """
-        if window_size == 1 and self._accelerator.num_processes == 1:
-            return loss
-        return loss * (weight / (self._weight_unit(weight) * window_size))
-
-    def _weight_unit(self, weight: Any) -> float:
-        if self._loss_weight_unit is None:
-            if isinstance(weight, torch.Tensor):
-                # One host read per run: the reference must be the same number on every process.
-                mean = self._accelerator.reduce(weight.detach().float().reshape(1), reduction="mean")
-                self._loss_weight_unit = float(mean.item()) or 1.0
-            else:
-                self._loss_weight_unit = float(self.run_config.train_per_device_batch_size)  # type: ignore[union-attr]
-        return self._loss_weight_unit
-
-    def _correct_window_weight(self, window_weight: Any, window_size: int) -> None:
-        if window_size == 1 and self._accelerator.num_processes == 1:
-            return
-        reference = self._weight_unit(window_weight) * window_size
-        if isinstance(window_weight, torch.Tensor):
-            # Token counts differ between processes, so the total is summed over all of them.
-            total = self._accelerator.reduce(window_weight.detach().float().reshape(1), reduction="sum")
-            factor: Any = reference * self._accelerator.num_processes / total
-        else:
-            # Sample counts are equal on every process (accelerate gives each the same batches).
-            if window_weight == reference:
-                return
-            factor = reference / window_weight
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:
-            if isinstance(factor, torch.Tensor):
-                factor = factor.to(grads[0].device).reshape(())
-            torch._foreach_mul_(grads, factor)
+    # ------------------------------------------------------------------ loss means
 
     def _mean_over_processes(self, tracker: LossTracker) -> float:
-        # One all-reduce and one host read per epoch: the only sync the loss tracking needs.
-        totals = torch.stack(
-            [
-                torch.as_tensor(tracker.running_total, dtype=torch.float64, device=self.device),
-                torch.as_tensor(tracker.count, dtype=torch.float64, device=self.device),
-            ]
-        )
-        if self._accelerator.num_processes > 1:
-            totals = self._accelerator.reduce(totals, reduction="sum")
-        total, count = totals.tolist()
-        return total / count if count else float("nan")
+        return mean_over_processes(self._accelerator, tracker.running_total, tracker.count)
 
     def _record_mean_loss(self, tracker: LossTracker, metric_name: str) -> None:
         self.run_history.update_metric(metric_name, self._mean_over_processes(tracker))
@@ -681,12 +627,12 @@ class Trainer:
         batch; to weight batches by a count other than samples (e.g. tokens), also return
         ``num_items_in_batch`` and make ``loss`` the mean over those items.
         """
-        inputs, targets = _unpack_batch(batch, "calculate_train_batch_loss")
+        inputs, targets = unpack_batch(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
         return {
             "loss": self._loss(model_outputs, targets, "calculate_train_batch_loss"),
             "model_outputs": model_outputs,
-            "batch_size": _batch_size(inputs),
+            "batch_size": batch_size_of(inputs),
         }
 
     def backward_step(self, loss: torch.Tensor) -> None:
@@ -728,12 +674,12 @@ class Trainer:
 
     def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
         """Return ``{"loss", "model_outputs", "batch_size"}`` for an evaluation batch."""
-        inputs, targets = _unpack_batch(batch, "calculate_eval_batch_loss")
+        inputs, targets = unpack_batch(batch, "calculate_eval_batch_loss")
         model_outputs = self.model(inputs)
         return {
             "loss": self._loss(model_outputs, targets, "calculate_eval_batch_loss"),
             "model_outputs": model_outputs,
-            "batch_size": _batch_size(inputs),
+            "batch_size": batch_size_of(inputs),
         }
 
     def eval_epoch_end(self) -> None:
@@ -894,55 +840,3 @@ class TrainerWithTimmScheduler(Trainer):
         if self._eval_dataloader is not None:  # this run evaluated: its loss is the metric
             metric = self.run_history.get_latest_metric("eval_loss_epoch")
         self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)
-
-
-def _needs_preparing(dataloader: Any) -> bool:
-    # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
-    return isinstance(dataloader, DataLoader) and not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher))
-
-
-#: Set-ups where ``Accelerator.backward`` and the prepared optimizer's ``step``/``zero_grad`` only
-#: call through to torch. Not DeepSpeed, Megatron-LM or XLA, whose engines do the stepping, nor
-#: FSDP, which stays on accelerate's path.
-_PASS_THROUGH_DISTRIBUTED_TYPES = frozenset(
-    getattr(DistributedType, name)
-    for name in (
-        "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU"
-    )
-    if hasattr(DistributedType, name)
-)
-
-
-def _accelerate_steps_pass_through(accelerator: Accelerator) -> bool:
-    """True where accelerate's backward and optimizer wrapper would add only their cost: no
-    fp16 loss scaler, no LOMO optimizer, no accumulation by accelerate, plain data parallelism."""
-    return (
-        accelerator.scaler is None
-        and not accelerator.has_lomo_optimizer
-        and accelerator.gradient_accumulation_steps == 1
-        and accelerator.distributed_type in _PASS_THROUGH_DISTRIBUTED_TYPES
-    )
-
-
-def _has_accelerator_device() -> bool:
-    accelerator_api = getattr(torch, "accelerator", None)
-    if accelerator_api is not None and hasattr(accelerator_api, "is_available"):
-        return bool(accelerator_api.is_available())
-    return torch.cuda.is_available()
-
-
-def _unpack_batch(batch: Any, method: str) -> tuple[Any, Any]:
-    try:
-        return batch[0], batch[1]
-    except (TypeError, IndexError, KeyError) as error:
-        raise TypeError(
-            f"The default {method} expects each batch to be a pair (inputs, targets), but got "
-            f"{type(batch).__name__}: {error}. Return (inputs, targets) from your dataset or "
-            f"collate_fn, or override {method} to unpack your batches."
-        ) from error
-
-
-def _batch_size(inputs: Any) -> int:
-    if isinstance(inputs, torch.Tensor):
-        return inputs.shape[0] if inputs.dim() > 0 else 1
-    return len(inputs)

@@ -169,7 +169,7 @@ def _trainer_state(trainer: Trainer, position: dict[str, int], history: dict[str
         "progress": position,
         "run_history": checkpointing.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
-        "loss_weight_unit": trainer._loss_weight_unit,
+        "loss_weight_unit": trainer._window_weighting.unit,
         "shuffle_seed": trainer._train_sampler.seed if trainer._train_sampler is not None else None,
         "checkpoint_kwargs": extra,
     }
@@ -203,7 +203,7 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     state = training_state.load_file(directory, "trainer_state.pt")
     trainer.run_history.load_state_dict(state["run_history"])
     trainer.progress.load_state_dict(state["progress"])
-    trainer._loss_weight_unit = state["loss_weight_unit"]
+    trainer._window_weighting.unit = state["loss_weight_unit"]
     if trainer._train_sampler is not None and state["shuffle_seed"] is not None:
         trainer._train_sampler.seed = state["shuffle_seed"]
     rank_file = f"rng_state_{accelerator.process_index}.pt"

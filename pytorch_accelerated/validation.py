@@ -66,3 +66,20 @@ def check_batch_output(batch_output: Any, method: str) -> None:
             f"{method} returned a loss that is not a scalar tensor (got {shape}). Reduce it to one "
             f"number per batch, e.g. use reduction='mean' in the loss function or call .mean()."
         )
+
+
+def unpack_batch(batch: Any, method: str) -> tuple[Any, Any]:
+    try:
+        return batch[0], batch[1]
+    except (TypeError, IndexError, KeyError) as error:
+        raise TypeError(
+            f"The default {method} expects each batch to be a pair (inputs, targets), but got "
+            f"{type(batch).__name__}: {error}. Return (inputs, targets) from your dataset or "
+            f"collate_fn, or override {method} to unpack your batches."
+        ) from error
+
+
+def batch_size_of(inputs: Any) -> int:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.shape[0] if inputs.dim() > 0 else 1
+    return len(inputs)

@@ -1,0 +1,68 @@
+"""What the Trainer needs to know about accelerate's set-up: which wrappers it can step around,
+which loaders are already prepared, whether there is an accelerator device."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+from accelerate.utils import DistributedType
+from torch.utils.data import DataLoader
+
+
+def needs_preparing(dataloader: Any) -> bool:
+    # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
+    return isinstance(dataloader, DataLoader) and not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher))
+
+
+#: Set-ups where ``Accelerator.backward`` and the prepared optimizer's ``step``/``zero_grad`` only
+#: call through to torch. Not DeepSpeed, Megatron-LM or XLA, whose engines do the stepping, nor
+#: FSDP, which stays on accelerate's path.
+_PASS_THROUGH_DISTRIBUTED_TYPES = frozenset(
+    getattr(DistributedType, name)
+    for name in (
+        "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU"
+    )
+    if hasattr(DistributedType, name)
+)
+
+
+def accelerate_steps_pass_through(accelerator: Accelerator) -> bool:
+    """True where accelerate's backward and optimizer wrapper would add only their cost: no
+    fp16 loss scaler, no LOMO optimizer, no accumulation by accelerate, plain data parallelism."""
+    return (
+        accelerator.scaler is None
+        and not accelerator.has_lomo_optimizer
+        and accelerator.gradient_accumulation_steps == 1
+        and accelerator.distributed_type in _PASS_THROUGH_DISTRIBUTED_TYPES
+    )
+
+
+def has_accelerator_device() -> bool:
+    accelerator_api = getattr(torch, "accelerator", None)
+    if accelerator_api is not None and hasattr(accelerator_api, "is_available"):
+        return bool(accelerator_api.is_available())
+    return torch.cuda.is_available()
+
+
+def check_accelerator(accelerator: Accelerator) -> None:
+    """Fail fast on a launch whose processes did not form one group, or on accelerate-side accumulation."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise RuntimeError(
+            f"The launcher started {launched} processes (WORLD_SIZE={launched}), but each one "
+            f"joined a group of {accelerator.num_processes}: they would all train the whole "
+            f"run separately. On a machine without GPUs, launch with `torchrun --nproc_per_node "
+            f"{launched} script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch "
+            f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
+        )
+    if accelerator.gradient_accumulation_steps != 1:
+        raise ValueError(
+            f"The Accelerator was configured with gradient_accumulation_steps="
+            f"{accelerator.gradient_accumulation_steps}; the Trainer handles accumulation "
+            f"itself. Remove it from the accelerate config and pass "
+            f"train(gradient_accumulation_steps=...) instead."
+        )
