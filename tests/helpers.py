@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,3 +105,43 @@ def make_recording_trainer(log: list[str], extra_callbacks: tuple = (), **kwargs
         log=log,
         **kwargs,
     )
+
+
+# ---------------------------------------------------------------------------- subprocesses
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Variables an outer launcher, an accelerate config or a batch limit may have left in the test
+# session's environment: a run started by a test sees only what its own launcher sets.
+_INHERITED_SETTINGS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "PT_ACC_LIMIT_BATCHES",
+)
+
+
+def subprocess_env(tmp_dir: Path) -> dict[str, str]:
+    """The environment for a script or worker group started by a test: CPU only, one thread per
+    process, the package importable, temporary files (torchrun's logs too) under ``tmp_dir``."""
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED_SETTINGS and not k.startswith("ACCELERATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the scripts
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = str(tmp_dir)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU (gloo) groups on every machine, as in CI
+    # Small models: intra-op threads only add waiting, a lot of it on a busy CI machine.
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

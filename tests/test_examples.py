@@ -8,9 +8,7 @@ model that really scores that accuracy, and that the plot was written.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers import free_port, subprocess_env
 
 pytestmark = pytest.mark.examples
 
@@ -25,39 +24,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "examples" / "train_digits.py"
 TIMEOUT_S = 120
 SEED = 42
-# Variables an outer launcher or accelerate config may have set; each run sees only its own.
-_LAUNCH_VARIABLES = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["TMPDIR"] = str(tmp_path)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU everywhere, as in CI
-    # The model is tiny: intra-op threads only add waiting, a lot of it on a busy CI machine.
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _run_example(launcher: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[str, Path]:
     out_dir = tmp_path / "outputs"
     command = [*launcher, str(EXAMPLE), "--output-dir", str(out_dir), "--seed", str(SEED)]
@@ -102,7 +68,7 @@ def _assert_outputs_hold_the_trained_model(out_dir: Path, accuracy: float, examp
 
 
 def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot(tmp_path, example):
-    output, out_dir = _run_example([sys.executable], tmp_path, _env(tmp_path))
+    output, out_dir = _run_example([sys.executable], tmp_path, subprocess_env(tmp_path))
 
     assert "num_processes=1" in output
     accuracy = _final_accuracy(output)
@@ -119,9 +85,9 @@ def test_example_reaches_95_percent_on_two_torchrun_processes(tmp_path, example)
         "--nproc_per_node",
         "2",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
     ]
-    output, out_dir = _run_example(launcher, tmp_path, _env(tmp_path))
+    output, out_dir = _run_example(launcher, tmp_path, subprocess_env(tmp_path))
 
     assert "num_processes=2" in output, output
     accuracy = _final_accuracy(output)

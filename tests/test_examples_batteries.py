@@ -13,7 +13,6 @@ builds of torch pass too.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers import subprocess_env
 
 pytestmark = pytest.mark.examples
 
@@ -30,23 +30,10 @@ EXAMPLES = REPO_ROOT / "examples"
 TIMEOUT_S = 180
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    # A plain single-process run, whatever launcher, accelerate config or batch limit
-    # (PT_ACC_LIMIT_BATCHES) surrounds the tests.
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PT_ACC_LIMIT_BATCHES"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_") and k not in dropped}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["TMPDIR"] = str(tmp_path)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["OMP_NUM_THREADS"] = "1"  # small models: intra-op threads only add waiting on a busy machine
-    return env
-
-
 def _run(script: str, args: list[str], tmp_path: Path) -> str:
     command = [sys.executable, str(EXAMPLES / script), *args]
     result = subprocess.run(
-        command, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{' '.join(command)} exited with {result.returncode}:\n{output}"

@@ -15,7 +15,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import numpy as np
 import pytest
 import resume_worker as rw
 import torch
-from helpers import EventRecorder
+from helpers import EventRecorder, free_port, subprocess_env
 
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.training_state import list_complete_states, read_manifest, resolve_state_dir
@@ -34,7 +33,6 @@ from pytorch_accelerated.training_state import list_complete_states, read_manife
 WORKER = Path(rw.__file__).resolve()
 REPO_ROOT = WORKER.parents[1]
 TIMEOUT_S = 120.0
-_LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -61,22 +59,11 @@ class Worker:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         self.log_path = out / "worker.log"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")
-        }
-        env.update(
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
-            OMP_NUM_THREADS="1",
-            PYTHONUNBUFFERED="1",
-            TMPDIR=str(out),
-            CUDA_VISIBLE_DEVICES="",
-        )
+        env = subprocess_env(out)
         launcher = [sys.executable]
         if nproc > 1:
             launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-                         "127.0.0.1", "--master_port", str(_free_port())]  # fmt: skip
+                         "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
         self.command = [*launcher, str(WORKER), "--out", str(out), *args]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
@@ -114,12 +101,6 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             pytest.fail(f"The worker did not finish within {TIMEOUT_S:.0f} s.\n{self.describe()}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- the uninterrupted runs

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,25 +22,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import free_port, subprocess_env
 
 WORKERS_DIR = Path(__file__).parent / "workers"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT_S = 120.0
-
-# Variables a launcher or an accelerate config may have left in the environment of the test
-# session; a worker must see only what its own launcher sets.
-_LAUNCH_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-)
-
 
 @dataclass
 class WorkerRun:
@@ -59,25 +44,6 @@ class WorkerRun:
             f"command: {' '.join(self.command)}\nexit code: {self.returncode}, "
             f"{self.elapsed_s:.1f} s\n----- output -----\n{self.output}"
         )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker_env(tmp_dir: Path) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES and not k.startswith("ACCELERATE_")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside the worker scripts
-    env["PYTHONUNBUFFERED"] = "1"
-    env["TMPDIR"] = str(tmp_dir)  # torchrun's log folders and any temporary file
-    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU (gloo) groups on every machine, as in CI
-    return env
 
 
 class RunningGroup:
@@ -122,7 +88,7 @@ class RunningGroup:
         self.process = subprocess.Popen(
             self.command,
             cwd=out_dir,
-            env=_worker_env(tmp_dir),
+            env=subprocess_env(tmp_dir),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
