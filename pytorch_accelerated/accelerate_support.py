@@ -3,6 +3,7 @@ which loaders are already prepared, whether there is an accelerator device."""
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -66,3 +67,24 @@ def check_accelerator(accelerator: Accelerator) -> None:
             f"itself. Remove it from the accelerate config and pass "
             f"train(gradient_accumulation_steps=...) instead."
         )
+
+
+_cleanup_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the process group when the interpreter exits, once per process.
+
+    Left alive, gloo's threads are still running when the interpreter tears down, and the
+    process can abort ("terminate called without an active exception") after a successful
+    run, so that the launcher reports a failure.
+    """
+    global _cleanup_registered
+    if not _cleanup_registered:
+        atexit.register(_destroy_process_group)
+        _cleanup_registered = True
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -24,6 +24,7 @@ from . import trainer_checkpoints, training_state
 from .accelerate_support import (
     accelerate_steps_pass_through,
     check_accelerator,
+    destroy_process_group_at_exit,
     has_accelerator_device,
     needs_preparing,
 )
@@ -102,6 +103,8 @@ class Trainer:
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
         check_accelerator(self._accelerator)
+        if self._accelerator.num_processes > 1:
+            destroy_process_group_at_exit()
         if env_limit is not None:
             self.print(
                 f"{LIMIT_BATCHES_ENV_VAR}={env_limit.num_batches} is set (by utils.LimitBatches or the "
