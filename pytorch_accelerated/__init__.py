@@ -1,4 +1,28 @@
-"""pytorch-accelerated: a simple, complete and correct training loop for PyTorch."""
+"""pytorch-accelerated: a simple, complete and correct training loop for PyTorch.
+
+The house, read top-down (each layer imports only the layers below it)::
+
+    trainer             Trainer: train / evaluate and the loop, one method per ML step
+    callbacks/          events, dispatch and callback state (events), then one file per family
+                        of built-ins: defaults, monitoring (best model, early stopping), ema,
+                        evaluation, limits, training_state (saving states, preemption),
+                        wsd_checkpoints, sync_batchnorm
+    checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
+                        directories), trainer_io (the Trainer's save and load methods)
+    schedulers/         SchedulerBase and friends, cosine, wsd (import nothing from the trainer)
+    data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
+    run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
+                        RunState (the loop's own working state)
+    placeholders        TrainerPlaceholderValues, resolved when a run starts
+    tracking            RunHistory, InMemoryRunHistory, LossTracker
+    finetuning          ModelFreezer, Layer, LayerGroup
+    utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
+    _internal/          small helpers that are not public API: validation (argument checks),
+                        distributed (gathering, the Trainer's process methods), accumulation
+                        (window weighting), accelerate_support (what accelerate's set-up allows)
+
+Public names are those of SPEC.md; see docs/inside-the-trainer.md for the loop.
+"""
 
 from accelerate import notebook_launcher
 

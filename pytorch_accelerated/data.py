@@ -12,6 +12,7 @@ once (no padding with duplicated samples, which would bias the evaluation loss a
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -122,3 +123,46 @@ def worker_init_fn(worker_id: int) -> None:
     except ImportError:  # numpy is optional
         return
     np.random.seed(worker_seed)
+
+
+def default_dataloader_kwargs(
+    dataset: Any, batch_size: int, device: torch.device, seed: int | None, local_processes: int
+) -> dict[str, Any]:
+    """The Trainer's default ``DataLoader`` arguments (before ``shuffle`` is set for train or eval)."""
+    kwargs: dict[str, Any] = {
+        "batch_size": batch_size,
+        "pin_memory": device.type == "cuda",
+        "num_workers": default_num_workers(dataset, batch_size, device, local_processes),
+        "worker_init_fn": worker_init_fn,
+    }
+    if seed is not None:
+        # Workers' base seed comes from this generator, not from the global RNG.
+        kwargs["generator"] = torch.Generator().manual_seed(seed)
+    return kwargs
+
+
+def default_num_workers(dataset: Any, batch_size: int, device: torch.device, local_processes: int) -> int:
+    """Worker processes for loading ``dataset``: none on the CPU or for small data sets.
+
+    Workers cost a start-up per epoch and, on the CPU, compete with the training threads for
+    the same cores: they are only used where loading can overlap accelerator work.
+    """
+    if device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
+        return 0
+    cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
+
+
+def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``overrides`` over ``defaults``, dropping the defaults that a given sampler or batch
+    sampler replaces, and the worker arguments when there are no workers."""
+    kwargs = {**defaults, **(overrides or {})}
+    if "sampler" in (overrides or {}):
+        kwargs.pop("shuffle", None)
+    if "batch_sampler" in (overrides or {}):
+        for key in ("batch_size", "shuffle", "sampler", "drop_last"):
+            kwargs.pop(key, None)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("worker_init_fn", None)
+        kwargs.pop("persistent_workers", None)
+    return kwargs

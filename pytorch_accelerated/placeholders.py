@@ -52,11 +52,11 @@ class _Expression:
 
 
 def _train_dataloader_len(trainer: Any) -> int:
-    return len(trainer._train_dataloader)
+    return len(trainer.train_dataloader)
 
 
 def _eval_dataloader_len(trainer: Any) -> int:
-    return len(trainer._eval_dataloader)
+    return len(trainer.eval_dataloader)
 
 
 def _run_config_field(name: str) -> Callable[[Any], Any]:

@@ -1,9 +1,21 @@
-"""The two explicit pieces of run state: the frozen per-run config, and the progress counters."""
+"""The state of a run, in three explicit objects.
+
+- :class:`TrainerRunConfig`: the settings of one training run, frozen when it starts;
+- :class:`RunProgress`: where the run is (epoch, optimizer step, batch), public;
+- :class:`RunState`: the loop's own working state (running losses, accumulation weighting,
+  shuffle seed, ...), everything besides the progress that a training state must save.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .tracking import LossTracker
+
+if TYPE_CHECKING:
+    from ._internal.accumulation import WindowWeighting
+    from .data import ReproducibleShuffleSampler
 
 
 @dataclass(frozen=True)
@@ -65,3 +77,67 @@ class RunProgress:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key, value in state.items():
             setattr(self, key, int(value))
+
+    def start_next_epoch(self) -> None:
+        """Move to the start of the next epoch."""
+        self.epoch, self.batch_index, self.epoch_step = self.epoch + 1, 0, 0
+
+
+@dataclass
+class RunState:
+    """The loop's own working state during one ``train()`` or ``evaluate()``; created afresh by each.
+
+    Not meant to be changed from outside the Trainer; training states save it through
+    :meth:`state_dict` (what every process shares) and :meth:`process_state_dict` (what is
+    each process's own).
+
+    Attributes:
+        train_loss: this process's running training loss of the current epoch.
+        eval_loss: this process's running loss of the current evaluation epoch.
+        window: how batches of an accumulation window are weighted (its unit is saved).
+        train_sampler: the training loader's shuffle sampler (its seed is saved), or None.
+        history_first_epoch: ``run_history.current_epoch`` at the start of this run's first epoch
+            (1 unless the history of an earlier run was kept); the history's epoch follows
+            ``progress.epoch`` from there.
+        epoch_finished: the current epoch's last event has fired: a state saved now resumes at
+            the start of the next epoch.
+        pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
+            the run's start events have fired.
+    """
+
+    train_loss: LossTracker = field(default_factory=LossTracker)
+    eval_loss: LossTracker = field(default_factory=LossTracker)
+    window: WindowWeighting | None = None
+    train_sampler: ReproducibleShuffleSampler | None = None
+    history_first_epoch: int = 1
+    epoch_finished: bool = False
+    pending_resume: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What every process shares: the loss weighting unit, the shuffle seed, the first epoch."""
+        return {
+            "loss_weight_unit": self.window.unit if self.window is not None else None,
+            "shuffle_seed": self.train_sampler.seed if self.train_sampler is not None else None,
+            "history_first_epoch": self.history_first_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.window is not None:
+            self.window.unit = state["loss_weight_unit"]
+        if self.train_sampler is not None and state["shuffle_seed"] is not None:
+            self.train_sampler.seed = state["shuffle_seed"]
+        self.history_first_epoch = int(state.get("history_first_epoch", 1))
+
+    def process_state_dict(self, mid_epoch: bool) -> dict[str, Any]:
+        """This process's own share: its part of the epoch's training loss so far (mid-epoch)."""
+        if not mid_epoch:
+            return {"train_loss": None}
+        return {"train_loss": {"total": self.train_loss.running_total, "count": self.train_loss.count}}
+
+    def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:
+        self.train_loss.reset()
+        partial = state["train_loss"]
+        if partial is not None:
+            total = partial["total"]
+            self.train_loss.running_total = total.to(device) if hasattr(total, "to") else total
+            self.train_loss.count = partial["count"]

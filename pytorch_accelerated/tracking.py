@@ -59,6 +59,26 @@ class RunHistory(ABC):
     def reset(self) -> None:
         """Forget every metric and start again at epoch 1."""
 
+    def set_current_epoch(self, epoch: int) -> None:
+        """Make :attr:`current_epoch` equal ``epoch`` (counted from 1).
+
+        The Trainer calls this as a run moves on and when a training state is restored, so the
+        history's epoch always follows ``trainer.progress``. The default moves forward with
+        :meth:`_increment_epoch`, so subclasses need not override it; one that can also move
+        back (as :class:`InMemoryRunHistory` does) may.
+
+        Raises:
+            ValueError: if ``epoch`` is before :attr:`current_epoch` and this history cannot
+                move back.
+        """
+        while self.current_epoch < epoch:
+            self._increment_epoch()
+        if self.current_epoch != epoch:
+            raise ValueError(
+                f"{type(self).__name__} is at epoch {self.current_epoch} and cannot move back to "
+                f"epoch {epoch}; override set_current_epoch to allow it."
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Return the history as plain Python values, for saving training state."""
         return {
@@ -75,8 +95,7 @@ class RunHistory(ABC):
             for value in values:
                 self.update_metric(name, value)
         self.set_metric_name_prefix(prefix)
-        while self.current_epoch < state["current_epoch"]:
-            self._increment_epoch()
+        self.set_current_epoch(int(state["current_epoch"]))
 
 
 class InMemoryRunHistory(RunHistory):
@@ -121,6 +140,9 @@ class InMemoryRunHistory(RunHistory):
 
     def _increment_epoch(self) -> None:
         self._current_epoch += 1
+
+    def set_current_epoch(self, epoch: int) -> None:
+        self._current_epoch = int(epoch)
 
     def reset(self) -> None:
         self._metrics = defaultdict(list)

@@ -20,37 +20,39 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import trainer_checkpoints, training_state
-from .accelerate_support import (
+from ._internal.accelerate_support import (
     accelerate_steps_pass_through,
     check_accelerator,
     destroy_process_group_at_exit,
     has_accelerator_device,
     needs_preparing,
 )
-from .accumulation import WindowWeighting
+from ._internal.accumulation import WindowWeighting
+from ._internal.distributed import ProcessUtilities, mean_over_processes
+from ._internal.validation import (
+    batch_size_of,
+    check_batch_output,
+    check_dataset,
+    check_train_arguments,
+    check_trainer_arguments,
+    check_whole_number,
+    unpack_batch,
+)
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
 from .callbacks.limits import limit_batches_callback_from_env
+from .checkpoints import trainer_io
+from .checkpoints.trainer_io import CheckpointMethods
 from .data import (
     DeviceDataLoader,
     ReproducibleShuffleSampler,
     ShardedEvalBatchSampler,
+    default_dataloader_kwargs,
     is_map_style,
-    worker_init_fn,
+    merge_dataloader_kwargs,
 )
-from .distributed import gather_ragged, mean_over_processes
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
-from .run_config import RunProgress, TrainerRunConfig
+from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
-from .utils import LIMIT_BATCHES_ENV_VAR
-from .validation import (
-    batch_size_of,
-    check_batch_output,
-    check_dataset,
-    check_positive_int,
-    check_train_arguments,
-    unpack_batch,
-)
 
 __all__ = [
     "Trainer",
@@ -61,7 +63,7 @@ __all__ = [
 ]
 
 
-class Trainer:
+class Trainer(ProcessUtilities, CheckpointMethods):
     """Trains and evaluates a model with a complete, distributed-ready loop.
 
     Args:
@@ -72,6 +74,19 @@ class Trainer:
         callbacks: callback instances or classes, called in this order. Replaces
             :data:`DEFAULT_CALLBACKS`; to add to them use ``(*DEFAULT_CALLBACKS, MyCallback())``.
         run_history: where metrics are recorded; an :class:`InMemoryRunHistory` by default.
+
+    Example (``callbacks=()`` keeps it quiet; the defaults print progress and metrics):
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> _ = torch.manual_seed(0)
+    >>> data = TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
+    >>> model = nn.Linear(3, 1)
+    >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    >>> trainer.train(data, num_epochs=2, per_device_batch_size=8)
+    >>> trainer.progress.global_step  # optimizer updates: 2 epochs x 4 batches
+    8
     """
 
     def __init__(
@@ -82,21 +97,8 @@ class Trainer:
         callbacks: Iterable[TrainerCallback | type[TrainerCallback]] = DEFAULT_CALLBACKS,
         run_history: RunHistory | None = None,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap your function in "
-                f"an nn.Module subclass whose forward() computes the model outputs."
-            )
-        if loss_func is not None and not callable(loss_func):
-            raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. Create "
-                f"it from the model's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.01)."
-            )
-        self.model = model
-        self.loss_func = loss_func
-        self.optimizer = optimizer
+        check_trainer_arguments(model, loss_func, optimizer)
+        self.model, self.loss_func, self.optimizer = model, loss_func, optimizer
         # Compatibility: PT_ACC_LIMIT_BATCHES (set by utils.LimitBatches) limits every epoch.
         env_limit = limit_batches_callback_from_env()
         self.callback_handler = CallbackHandler((env_limit, *callbacks) if env_limit is not None else callbacks)
@@ -106,10 +108,7 @@ class Trainer:
         if self._accelerator.num_processes > 1:
             destroy_process_group_at_exit()
         if env_limit is not None:
-            self.print(
-                f"{LIMIT_BATCHES_ENV_VAR}={env_limit.num_batches} is set (by utils.LimitBatches or the "
-                f"environment): each epoch runs at most {env_limit.num_batches} batches."
-            )
+            self.print(env_limit.announcement())
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[..., Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -117,22 +116,17 @@ class Trainer:
         self.eval_dataset: Any = None
         self.run_config: TrainerRunConfig | None = None
         self.progress = RunProgress()
+        self.run_state = RunState()
+        self.last_grad_norm: torch.Tensor | None = None
         self._train_dataloader: Any = None
         self._eval_dataloader: Any = None
-        self._train_sampler: ReproducibleShuffleSampler | None = None
+        self._train_generator: torch.Generator | None = None
         self._seed: int | None = None
         self._prepared_model: nn.Module | None = None
         self._prepared_optimizer: Any = None
-        self._train_loss = LossTracker()
-        self._eval_loss = LossTracker()
-        self._window_weighting = WindowWeighting(self._accelerator, per_device_batch_size=1)
         self._direct_steps = False
-        self.last_grad_norm: torch.Tensor | None = None
-        self._train_generator: torch.Generator | None = None
-        self._epoch_finished = False
-        self._pending_resume: dict[str, Any] | None = None
         self._last_eval_loss = float("nan")
-        self.callback_handler.call_event("on_init_end", self)
+        self._run_end_event("on_init_end")
 
     # ------------------------------------------------------------------ set-up
 
@@ -182,55 +176,62 @@ class Trainer:
             gradient_clip_value: clip each gradient element to [-v, v] before each update.
             max_grad_norm: clip the total gradient norm to this value before each update.
             create_scheduler_fn: ``f(optimizer) -> scheduler``; stepped once per update.
+            resume_from: a directory written by :meth:`save_training_state` (or a folder of
+                them: the newest complete one is taken) to continue from, exactly where it was.
             seed: seeds every RNG (python, numpy, torch) and the shuffle order; None leaves
                 the RNGs alone.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+        >>> model = nn.Linear(3, 1)
+        >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+        >>> trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=8,
+        ...               gradient_accumulation_steps=2)
+        >>> trainer.run_config.num_update_steps_per_epoch  # ceil(5 batches / 2)
+        3
+        >>> len(trainer.run_history.get_metric_values("eval_loss_epoch"))
+        3
         """
-        if self.optimizer is None:
-            raise ValueError(
-                "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
-                "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
-            )
-        check_train_arguments(
-            num_epochs=num_epochs,
-            per_device_batch_size=per_device_batch_size,
-            max_num_train_steps=max_num_train_steps,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_clip_value=gradient_clip_value,
-            max_grad_norm=max_grad_norm,
+        settings: dict[str, Any] = {
+            "num_epochs": num_epochs,
+            "per_device_batch_size": per_device_batch_size,
+            "max_num_train_steps": max_num_train_steps,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "gradient_clip_value": gradient_clip_value,
+            "max_grad_norm": max_grad_norm,
+        }
+        check_train_arguments(optimizer=self.optimizer, **settings)
+        self._start_run(train_dataset, eval_dataset, collate_fn, seed, reset_run_history)
+        self.create_scheduler_fn = create_scheduler_fn
+        self._create_dataloaders(per_device_batch_size, train_dataloader_kwargs, eval_dataloader_kwargs)
+        self._prepare_model_optimizer_and_dataloaders()
+        self.run_config = self._create_run_config(
+            **settings, train_dl_kwargs=train_dataloader_kwargs, eval_dl_kwargs=eval_dataloader_kwargs
         )
+        self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
+        self.run_state.window = WindowWeighting(self._accelerator, per_device_batch_size)
+        if resume_from is not None:
+            trainer_io.load_training_state(self, resume_from, resuming=True)
+        self._run_training()
+
+    def _start_run(self, train_dataset: Any, eval_dataset: Any, collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
         check_dataset(train_dataset, "train_dataset")
         if eval_dataset is not None:
             check_dataset(eval_dataset, "eval_dataset")
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.collate_fn = collate_fn
-        self.create_scheduler_fn = create_scheduler_fn
+        self.train_dataset, self.eval_dataset, self.collate_fn = train_dataset, eval_dataset, collate_fn
+        self._eval_dataloader = None
         self._set_seed(seed)
         if reset_run_history:
             self.run_history.reset()
         self.progress = RunProgress()
+        self.run_state = RunState(history_first_epoch=self.run_history.current_epoch)
 
-        self._train_dataloader = self.create_train_dataloader(per_device_batch_size, train_dataloader_kwargs)
-        self._eval_dataloader = (
-            self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
-            if eval_dataset is not None
-            else None
-        )
-        self._prepare_model_optimizer_and_dataloaders()
-        self.run_config = self._create_run_config(
-            per_device_batch_size=per_device_batch_size,
-            num_epochs=num_epochs,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            max_num_train_steps=max_num_train_steps,
-            gradient_clip_value=gradient_clip_value,
-            max_grad_norm=max_grad_norm,
-            train_dl_kwargs=train_dataloader_kwargs,
-            eval_dl_kwargs=eval_dataloader_kwargs,
-        )
-        self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self._window_weighting = WindowWeighting(self._accelerator, per_device_batch_size)
-        if resume_from is not None:
-            trainer_checkpoints.load_training_state(self, resume_from, resuming=True)
-        self._run_training()
+    def _create_dataloaders(self, batch_size: int, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> None:
+        self._train_dataloader = self.create_train_dataloader(batch_size, train_kwargs)
+        if self.eval_dataset is not None:
+            self._eval_dataloader = self.create_eval_dataloader(batch_size, eval_kwargs)
 
     def evaluate(
         self,
@@ -244,13 +245,22 @@ class Trainer:
         """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``).
 
         Records ``evaluation_loss`` in the run history, leaving the training history intact,
-        and returns every metric recorded during the evaluation, e.g.
-        ``{"evaluation_loss": 0.12, "accuracy": 0.97}``.
+        and returns every metric recorded during the evaluation. A ``StopTrainingError`` raised
+        during it ends the evaluation at that batch; nothing partial is recorded.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.randn(10, 3), torch.zeros(10, 1))
+        >>> model = nn.Linear(3, 1)
+        >>> _ = nn.init.zeros_(model.weight), nn.init.ones_(model.bias)  # predicts 1 everywhere
+        >>> Trainer(model, nn.MSELoss(), optimizer=None, callbacks=()).evaluate(data)
+        {'evaluation_loss': 1.0}
         """
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset.")
-        check_positive_int(per_device_batch_size, "per_device_batch_size")
+        check_whole_number(per_device_batch_size, "per_device_batch_size")
         check_dataset(dataset, "dataset")
         self.eval_dataset = dataset
         if collate_fn is not None:
@@ -258,16 +268,21 @@ class Trainer:
         self._set_seed(seed)
         self._eval_dataloader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
-        recorded_before = {name: len(self.run_history.get_metric_values(name)) for name in self.run_history.get_metric_names()}
-
-        self._run_method_then_event("evaluation_run_start")
-        self._run_eval_epoch(self._eval_dataloader, is_evaluation_run=True)
-        self._run_method_then_event("evaluation_run_end")
+        recorded_before = self._metric_counts()
+        self._run_guarded(self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped")
         return {
             name: self.run_history.get_latest_metric(name)
-            for name in self.run_history.get_metric_names()
-            if len(self.run_history.get_metric_values(name)) > recorded_before.get(name, 0)
+            for name, count in self._metric_counts().items()
+            if count > recorded_before.get(name, 0)
         }
+
+    def _run_evaluation(self) -> None:
+        self._run_method_then_event("evaluation_run_start")
+        self._run_eval_epoch(self._eval_dataloader, is_evaluation_run=True)
+
+    def _metric_counts(self) -> dict[str, int]:
+        history = self.run_history
+        return {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
 
     # ------------------------------------------------------------------ overridable: data
 
@@ -284,46 +299,16 @@ class Trainer:
         return kwargs
 
     def _default_dl_kwargs(self, dataset: Any, batch_size: int) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "batch_size": batch_size,
-            "pin_memory": self.device.type == "cuda",
-            "num_workers": self._default_num_workers(dataset, batch_size),
-            "worker_init_fn": worker_init_fn,
-        }
-        if self._seed is not None:
-            # Workers' base seed comes from this generator, not from the global RNG.
-            kwargs["generator"] = torch.Generator().manual_seed(self._seed)
-        return kwargs
-
-    def _default_num_workers(self, dataset: Any, batch_size: int) -> int:
-        # Worker processes cost a start-up per epoch and, on the CPU, compete with the training
-        # threads for the same cores: only use them where loading can overlap GPU work.
-        if self.device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
-            return 0
-        cpus = os.cpu_count() or 1
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", self._accelerator.num_processes))
-        return max(1, min(8, cpus // local_processes))
-
-    def _merge_dl_kwargs(self, defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
-        kwargs = {**defaults, **(overrides or {})}
-        if "sampler" in (overrides or {}):
-            kwargs.pop("shuffle", None)
-        if "batch_sampler" in (overrides or {}):
-            for key in ("batch_size", "shuffle", "sampler", "drop_last"):
-                kwargs.pop(key, None)
-        if kwargs.get("num_workers", 0) == 0:
-            kwargs.pop("worker_init_fn", None)
-            kwargs.pop("persistent_workers", None)
-        return kwargs
+        return default_dataloader_kwargs(dataset, batch_size, self.device, self._seed, self._accelerator.num_processes)
 
     def create_train_dataloader(self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
         """Return the training ``DataLoader`` (before it is prepared for distribution)."""
-        kwargs = self._merge_dl_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
-        self._train_sampler = None
+        kwargs = merge_dataloader_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+        self.run_state.train_sampler = None
         self._train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(self.train_dataset):
-            self._train_sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
-            kwargs["sampler"] = self._train_sampler
+            sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
+            kwargs["sampler"] = self.run_state.train_sampler = sampler
         return DataLoader(self.train_dataset, collate_fn=self.collate_fn, **kwargs)
 
     def create_eval_dataloader(self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
@@ -332,7 +317,7 @@ class Trainer:
         By default every process gets its own share of the samples, each sample exactly once,
         and the same number of batches (see :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`).
         """
-        kwargs = self._merge_dl_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+        kwargs = merge_dataloader_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
         custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
             for key in ("batch_size", "shuffle", "drop_last"):
@@ -398,8 +383,7 @@ class Trainer:
         max_grad_norm: float | None = None,
     ) -> TrainerRunConfig:
         """Return the frozen :class:`TrainerRunConfig` for this run."""
-        num_batches = len(self._train_dataloader)
-        steps_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
+        steps_per_epoch = math.ceil(len(self._train_dataloader) / gradient_accumulation_steps)
         if max_num_train_steps is not None:
             num_epochs = math.ceil(max_num_train_steps / steps_per_epoch)
         processes = self._accelerator.num_processes
@@ -428,7 +412,7 @@ class Trainer:
     def create_scheduler(self) -> Any:
         """Return the scheduler made by ``create_scheduler_fn`` with placeholders resolved."""
         scheduler_fn = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
-        return scheduler_fn(self.optimizer)  # type: ignore[misc]
+        return scheduler_fn(self.optimizer)
 
     # ------------------------------------------------------------------ the loop
 
@@ -436,56 +420,74 @@ class Trainer:
         getattr(self, name)()
         self.callback_handler.call_event(f"on_{name}", self, **event_kwargs)
 
+    def _run_guarded(self, body: Callable[[], None], end: str, stopped: str) -> None:
+        """Run ``body``, then the end hook ``end`` and its event, whatever happens in between.
+
+        A :class:`StopTrainingError` ends ``body`` cleanly (``on_stop_training_error``, then the
+        end hooks). Any other exception fires ``on_exception`` and reaches the caller unchanged.
+        """
+        try:
+            body()
+        except StopTrainingError as error:
+            self.print(f"{stopped}: {error}")
+            self._run_end_event("on_stop_training_error")
+        except BaseException as error:
+            self.callback_handler.call_exception_event(self, error)
+            raise
+        self._run_end_event(end)
+
+    def _run_end_event(self, name: str) -> None:
+        """Run the end hook ``name`` (an overridable method, if there is one) and its event.
+
+        A :class:`StopTrainingError` raised in it skips the rest of it; any other exception fires
+        ``on_exception`` and reaches the caller unchanged.
+        """
+        try:
+            if not name.startswith("on_"):
+                getattr(self, name)()
+            self.callback_handler.call_event(name if name.startswith("on_") else f"on_{name}", self)
+        except StopTrainingError as error:
+            self.print(f"Stopped during {name}: {error}")
+        except BaseException as error:
+            if name != "on_init_end":
+                self.callback_handler.call_exception_event(self, error)
+            raise
+
     def _run_training(self) -> None:
         """Run every epoch: train, evaluate, ``training_run_epoch_end``; stop early on
         ``max_num_train_steps`` or a ``StopTrainingError``."""
-        assert self.run_config is not None
-        try:
-            self._run_method_then_event("training_run_start")
-            self._finish_resume()
-            while self.progress.epoch < self.run_config.num_epochs:
-                self._run_train_epoch(self._train_dataloader)
-                if self._eval_dataloader is not None:
-                    self._run_eval_epoch(self._eval_dataloader)
-                # A training state saved during the epoch-end event resumes at the next epoch.
-                self._epoch_finished = True
-                self._run_method_then_event("training_run_epoch_end")
-                self.run_history._increment_epoch()
-                self.progress.epoch, self.progress.batch_index, self.progress.epoch_step = self.progress.epoch + 1, 0, 0
-                self._epoch_finished = False
-                if self._reached_max_steps():
-                    break
-        except StopTrainingError as error:
-            self.print(f"Training stopped: {error}")
-            self.callback_handler.call_event("on_stop_training_error", self)
-        self._run_method_then_event("training_run_end")
+        self._run_guarded(self._run_epochs, end="training_run_end", stopped="Training stopped")
 
-    def _finish_resume(self) -> None:
-        # Callbacks set themselves up in on_training_run_start; their saved state goes in after.
-        # The RNGs are restored last, once nothing else of the set-up can draw from them.
-        if self._pending_resume is not None:
-            trainer_checkpoints.apply_callback_states(self, self._pending_resume["callbacks"])
-            training_state.restore_rng_states(self._pending_resume["rng"])
-            self._pending_resume = None
+    def _run_epochs(self) -> None:
+        self._run_method_then_event("training_run_start")
+        trainer_io.apply_pending_resume(self)
+        while self.progress.epoch < self._config().num_epochs:
+            self._run_train_epoch(self._train_dataloader)
+            if self._eval_dataloader is not None:
+                self._run_eval_epoch(self._eval_dataloader)
+            self._end_epoch()
+            if self._reached_max_steps():
+                break
+
+    def _end_epoch(self) -> None:
+        # A training state saved during the epoch-end event resumes at the next epoch.
+        self.run_state.epoch_finished = True
+        self._run_method_then_event("training_run_epoch_end")
+        self.progress.start_next_epoch()
+        self.run_state.epoch_finished = False
+        self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
+
+    def _config(self) -> TrainerRunConfig:
+        if self.run_config is None:
+            raise RuntimeError("This needs a training run: call trainer.train(...) first.")
+        return self.run_config
 
     def _run_train_epoch(self, train_dl: Any) -> None:
         """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
-        epoch = self.progress.epoch
-        if self._train_sampler is not None and self._train_generator is not None:
-            # Workers' seeds then depend on the epoch only, as the shuffle order does.
-            self._train_generator.manual_seed(self._train_sampler.seed + epoch)
-        loader_before = self._train_dataloader
-        self._run_method_then_event("train_epoch_start")
-        if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
-            train_dl = self._train_dataloader
+        train_dl = self._start_train_epoch(train_dl)
         start = self.progress.batch_index
-        if start == 0:
-            self._train_loss.reset()
-        else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
-            train_dl = skip_first_batches(train_dl, start)
-        self._set_epoch(train_dl, epoch)
         num_batches = start + len(train_dl)
-        accumulation = self.run_config.gradient_accumulation_steps  # type: ignore[union-attr]
+        accumulation = self._config().gradient_accumulation_steps
         window_weight: Any = 0
         for step, batch in enumerate(train_dl, start=start):
             self.callback_handler.call_event("on_train_step_start", self)
@@ -493,40 +495,67 @@ class Trainer:
             window_size = min(accumulation, num_batches - window_start)
             is_update_step = step + 1 == window_start + window_size
             # Gradients are only all-reduced on the batch that completes an update.
-            sync = nullcontext() if is_update_step or window_size == 1 else self._accelerator.no_sync(self.model)
-            with sync:
-                batch_output = self.calculate_train_batch_loss(batch)
-                check_batch_output(batch_output, "calculate_train_batch_loss")
-                weight = batch_output.get("num_items_in_batch", batch_output["batch_size"])
-                self._train_loss.update(batch_output["loss"], weight)
-                window_weight = window_weight + weight
-                self.backward_step(self._window_weighting.scale(batch_output["loss"], weight, window_size))
+            batch_output, weight = self._train_on_batch(batch, window_size, sync=is_update_step or window_size == 1)
+            window_weight = window_weight + weight
             if is_update_step:
-                self._window_weighting.correct_gradients(self.model.parameters(), window_weight, window_size)
+                self._update_parameters(window_weight, window_size)
                 window_weight = 0
-                self._clip_gradients()
-                self.optimizer_step()
-                self.scheduler_step()
-                self.optimizer_zero_grad()
-                self.progress.global_step += 1
-                self.progress.epoch_step += 1
             self.progress.batch_index = step + 1
             self.callback_handler.call_event(
-                "on_train_step_end", self, batch=batch, batch_output=batch_output, step=step
+                "on_train_step_end", self, batch=batch, batch_output=batch_output, step=step, is_update_step=is_update_step
             )
             if is_update_step and self._reached_max_steps():
                 break
-        self._record_mean_loss(self._train_loss, "train_loss_epoch")
+        self._record_mean_loss(self.run_state.train_loss, "train_loss_epoch")
         self._run_method_then_event("train_epoch_end")
 
+    def _start_train_epoch(self, train_dl: Any) -> Any:
+        sampler = self.run_state.train_sampler
+        if sampler is not None and self._train_generator is not None:
+            # Workers' seeds then depend on the epoch only, as the shuffle order does.
+            self._train_generator.manual_seed(sampler.seed + self.progress.epoch)
+        loader_before = self._train_dataloader
+        self._run_method_then_event("train_epoch_start")
+        if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
+            train_dl = self._train_dataloader
+        if self.progress.batch_index == 0:
+            self.run_state.train_loss.reset()
+        else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
+            train_dl = skip_first_batches(train_dl, self.progress.batch_index)
+        self._set_epoch(train_dl, self.progress.epoch)
+        return train_dl
+
+    def _train_on_batch(self, batch: Any, window_size: int, sync: bool) -> tuple[dict[str, Any], Any]:
+        """Forward and backward passes of one batch; returns its output and its weight in the window."""
+        window = self.run_state.window
+        assert window is not None  # set by train()
+        with nullcontext() if sync else self._accelerator.no_sync(self.model):
+            batch_output = self.calculate_train_batch_loss(batch)
+            check_batch_output(batch_output, "calculate_train_batch_loss")
+            weight = batch_output.get("num_items_in_batch", batch_output["batch_size"])
+            self.run_state.train_loss.update(batch_output["loss"], weight)
+            self.backward_step(window.scale(batch_output["loss"], weight, window_size))
+        return batch_output, weight
+
+    def _update_parameters(self, window_weight: Any, window_size: int) -> None:
+        """The update at the end of an accumulation window: clip, step, schedule, zero, count."""
+        window = self.run_state.window
+        assert window is not None  # set by train()
+        window.correct_gradients(self.model.parameters(), window_weight, window_size)
+        self._clip_gradients()
+        self.optimizer_step()
+        self.scheduler_step()
+        self.optimizer_zero_grad()
+        self.progress.global_step += 1
+        self.progress.epoch_step += 1
 
     def _set_epoch(self, dataloader: Any, epoch: int) -> None:
         # accelerate's loaders pass their own iteration count to the sampler when iterated, so
         # they must be told the epoch too (a fresh or resumed loader would start again at 0).
         if hasattr(dataloader, "set_epoch"):
             dataloader.set_epoch(epoch)
-        if self._train_sampler is not None:
-            self._train_sampler.set_epoch(epoch)
+        if self.run_state.train_sampler is not None:
+            self.run_state.train_sampler.set_epoch(epoch)
 
     def _run_eval_epoch(self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
@@ -535,21 +564,21 @@ class Trainer:
         self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
         if self._eval_dataloader is not loader_before:  # replaced by a callback for this epoch
             eval_dl = self._eval_dataloader
-        self._eval_loss.reset()
+        eval_loss = self.run_state.eval_loss
+        eval_loss.reset()
         with torch.no_grad():
             for batch in eval_dl:
                 self.callback_handler.call_event("on_eval_step_start", self)
                 batch_output = self.calculate_eval_batch_loss(batch)
                 check_batch_output(batch_output, "calculate_eval_batch_loss")
-                self._eval_loss.update(batch_output["loss"], batch_output["batch_size"])
+                eval_loss.update(batch_output["loss"], batch_output["batch_size"])
                 self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
         # Computed before the end events: a callback there may run another evaluation.
-        mean_loss = self._mean_over_processes(self._eval_loss)
-        self._last_eval_loss = mean_loss
+        self._last_eval_loss = self._mean_over_processes(eval_loss)
         if is_evaluation_run:
-            self.run_history.update_metric("evaluation_loss", mean_loss)
+            self.run_history.update_metric("evaluation_loss", self._last_eval_loss)
         elif not is_intermediate:
-            self.run_history.update_metric("eval_loss_epoch", mean_loss)
+            self.run_history.update_metric("eval_loss_epoch", self._last_eval_loss)
         self.eval_epoch_end()
         self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
 
@@ -583,12 +612,11 @@ class Trainer:
         self.run_history.set_metric_name_prefix(metric_name_prefix)
         try:
             self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
-            mean_loss = self._last_eval_loss
+            return self._last_eval_loss
         finally:
             self.model, self._eval_dataloader = original_model, original_loader
             self.run_history.set_metric_name_prefix(previous_prefix)
             original_model.train(was_training)
-        return mean_loss
 
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.max_num_train_steps if self.run_config else None
@@ -700,21 +728,6 @@ class Trainer:
     # ------------------------------------------------------------------ utilities
 
     @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self._accelerator.device
-
-    @property
-    def is_local_process_zero(self) -> bool:
-        """True on the main process of each node."""
-        return self._accelerator.is_local_main_process
-
-    @property
-    def is_world_process_zero(self) -> bool:
-        """True on the main process of the whole job."""
-        return self._accelerator.is_main_process
-
-    @property
     def train_dataloader(self) -> Any:
         """The prepared training data loader of the current run."""
         return self._train_dataloader
@@ -740,88 +753,7 @@ class Trainer:
 
         Reading it copies a value from the device: a sync point, so read it sparingly.
         """
-        return self._train_loss.average
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per node (on each node's main process)."""
-        self._accelerator.print(*args, **kwargs)
-
-    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
-        """Concatenate ``tensor`` from every process along dim 0.
-
-        Tensors may differ in length along dim 0 (an uneven last batch): with
-        ``padding_value=None`` the result holds each process's rows and nothing else; with a
-        ``padding_value`` shorter tensors are padded with it (strip it with
-        :func:`~pytorch_accelerated.utils.remove_padding`). Every process must call this.
-        """
-        if padding_value is None:
-            return gather_ragged(self._accelerator, tensor)
-        padded = self._accelerator.pad_across_processes(tensor, dim=0, pad_index=padding_value)
-        return self._accelerator.gather(padded)
-
-    def gather_for_metrics(self, data: Any) -> Any:
-        """Gather nested tensors (dicts, lists, tuples) from every process, each sample once.
-
-        Leaves may differ in length along dim 0 between processes. Every process must call it.
-        """
-        return gather_ragged(self._accelerator, data)
-
-    def any_process(self, flag: bool | torch.Tensor) -> bool:
-        """True on every process if ``flag`` is true on any (a collective: all must call it)."""
-        value = torch.as_tensor(flag, dtype=torch.float32, device=self.device).reshape(1)
-        if self._accelerator.num_processes > 1:
-            value = self._accelerator.reduce(value, reduction="sum")
-        return bool(value.item() > 0)
-
-    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
-        """Return the model without its distributed wrappers."""
-        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def save_checkpoint(
-        self,
-        save_path: str | os.PathLike,
-        checkpoint_kwargs: dict[str, Any] | None = None,
-        save_optimizer: bool = True,
-        save_scheduler: bool = True,
-        save_per_node: bool = True,
-    ) -> None:
-        """Save model (and optimizer, scheduler) state with ``checkpoint_kwargs`` to one file.
-
-        The file is written by each node's main process when ``save_per_node`` (for nodes that
-        do not share a file system), else by the main process only; it is written to a
-        temporary name first, so an interrupted save never leaves a truncated file. Numpy
-        values and paths in ``checkpoint_kwargs`` are stored as safe equivalents (numbers,
-        tensors, strings). Every process must call this.
-        """
-        trainer_checkpoints.save_checkpoint(self, save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node)
-
-    def load_checkpoint(
-        self, checkpoint_path: str | os.PathLike, load_optimizer: bool = True, load_scheduler: bool = True
-    ) -> dict[str, Any]:
-        """Load a file written by :meth:`save_checkpoint` (never running code from it); return
-        its ``checkpoint_kwargs``."""
-        return trainer_checkpoints.load_checkpoint(self, checkpoint_path, load_optimizer, load_scheduler)
-
-    def save_training_state(self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
-        """Save everything that decides the rest of the run into the directory ``output_dir``.
-
-        Model, optimizer, scheduler, gradient scaler, every process's RNG states, the run
-        history, every callback's ``state_dict()``, and the exact position (epoch, optimizer
-        step, batch). The directory appears only once complete. Every process must call this,
-        between optimizer updates (not inside an accumulation window). Continue a run with
-        ``train(..., resume_from=output_dir)``.
-        """
-        trainer_checkpoints.save_training_state(self, output_dir, checkpoint_kwargs)
-
-    def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore a state saved by :meth:`save_training_state`; return its ``checkpoint_kwargs``.
-
-        ``input_dir`` may be a state directory or a folder of them (the newest complete one is
-        taken). To continue training from it, use ``train(..., resume_from=input_dir)``.
-        """
-        return trainer_checkpoints.load_training_state(self, input_dir)
+        return self.run_state.train_loss.average
 
 
 class TrainerWithTimmScheduler(Trainer):

@@ -15,7 +15,7 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.callbacks.monitoring import EarlyStoppingCallback, SaveBestModelCallback
-from pytorch_accelerated.checkpointing import safe_torch_load
+from pytorch_accelerated.checkpoints.files import safe_torch_load
 
 SAMPLES, BATCH = 16, 4  # 4 optimizer updates per epoch
 STEPS_PER_EPOCH = SAMPLES // BATCH
@@ -113,7 +113,7 @@ def test_unknown_custom_metric_error_says_how_to_record_it() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"early_stopping_patience": 0}, r"early_stopping_patience must be an int >= 1 \(.*\), got 0\."),
+        ({"early_stopping_patience": 0}, r"EarlyStoppingCallback: early_stopping_patience must be a whole number >= 1, got 0\."),
         ({"early_stopping_threshold": -0.1}, r"early_stopping_threshold must be a number >= 0 \(.*\), got -0\.1\."),
     ],
 )

@@ -13,8 +13,8 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
 from pytorch_accelerated.callbacks.ema import ModelEmaCallback
-from pytorch_accelerated.callbacks.wsd import WSDCheckpointCallback
-from pytorch_accelerated.checkpointing import safe_torch_load
+from pytorch_accelerated.callbacks.wsd_checkpoints import WSDCheckpointCallback
+from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 
 EVAL_DATA = make_regression_data(12, seed=5)

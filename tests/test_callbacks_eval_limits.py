@@ -153,11 +153,11 @@ def test_limit_batches_and_limit_eval_steps_together_apply_the_smaller_limit(lim
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: StepBasedEvaluationCallback(0), "StepBasedEvaluationCallback needs eval_every_n_steps >= 1 (an int), got 0."),
-        (lambda: StepBasedEvaluationCallback(2.5), "needs eval_every_n_steps >= 1 (an int), got 2.5."),
-        (lambda: LimitEvalStepsCallback(-1), "LimitEvalStepsCallback needs num_eval_steps >= 1 (an int), got -1."),
-        (lambda: LimitBatchesCallback(0), "LimitBatchesCallback needs num_batches >= 1 (an int), got 0."),
-        (lambda: LimitBatches(True), "LimitBatches needs num_batches >= 1 (an int), got True."),
+        (lambda: StepBasedEvaluationCallback(0), "StepBasedEvaluationCallback: eval_every_n_steps must be a whole number >= 1, got 0."),
+        (lambda: StepBasedEvaluationCallback(2.5), "eval_every_n_steps must be a whole number >= 1, got 2.5."),
+        (lambda: LimitEvalStepsCallback(-1), "LimitEvalStepsCallback: num_eval_steps must be a whole number >= 1, got -1."),
+        (lambda: LimitBatchesCallback(0), "LimitBatchesCallback: num_batches must be a whole number >= 1, got 0."),
+        (lambda: LimitBatches(True), "LimitBatches: num_batches must be a whole number >= 1, got True."),
     ],
 )
 def test_bad_arguments_raise_a_clear_value_error(make: Any, message: str) -> None:
@@ -197,7 +197,7 @@ def test_limit_batches_docstring_example_runs(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_a_bad_limit_batches_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(ENV, value)
-    with pytest.raises(ValueError, match=rf"{ENV}='{value}' must be a whole number >= 1"):
+    with pytest.raises(ValueError, match=rf"{ENV} \(batches per epoch\) must be a whole number >= 1, got '{value}'"):
         limit_batches_callback_from_env()
     monkeypatch.delenv(ENV)
     assert limit_batches_callback_from_env() is None

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from pytorch_accelerated.ema import ModelEma
+from pytorch_accelerated.utils import ModelEma
 
 
 class CountingNet(nn.Module):

@@ -28,7 +28,7 @@ import torch
 from helpers import EventRecorder, finished_but_aborted_at_teardown, free_port, subprocess_env
 
 from pytorch_accelerated.callbacks import TrainerCallback
-from pytorch_accelerated.training_state import list_complete_states, read_manifest, resolve_state_dir
+from pytorch_accelerated.checkpoints.state_dirs import list_complete_states, read_manifest, resolve_state_dir
 
 WORKER = Path(rw.__file__).resolve()
 REPO_ROOT = WORKER.parents[1]

@@ -327,7 +327,7 @@ def test_wsd_phase_info_outside_the_run_raises_value_error():
     scheduler = WSDLrScheduler(make_optimizer(0.1), total_steps=100)
     with pytest.raises(ValueError, match=r"step must be between 0 and total_steps=100, got 101"):
         scheduler.get_phase_info(101)
-    with pytest.raises(ValueError, match=r"step must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"step must be a whole number >= 0, got -1"):
         scheduler.get_phase_info(-1)
 
 
@@ -414,14 +414,14 @@ def test_docstring_examples_run():
 # Bad input
 
 BAD_INPUTS = [
-    (lambda o: CosineLrScheduler(o, 2.5, 10), TypeError, r"total_num_epochs must be an int, got 2.5"),
-    (lambda o: CosineLrScheduler(o, 0, 10), ValueError, r"total_num_epochs must be an int >= 1, got 0"),
+    (lambda o: CosineLrScheduler(o, 2.5, 10), ValueError, r"total_num_epochs must be a whole number >= 1, got 2.5"),
+    (lambda o: CosineLrScheduler(o, 0, 10), ValueError, r"total_num_epochs must be a whole number >= 1, got 0"),
     (lambda o: CosineLrScheduler(o, 5, 0), ValueError,
-     r"num_update_steps_per_epoch must be an int >= 1, got 0"),
+     r"num_update_steps_per_epoch must be a whole number >= 1, got 0"),
     (lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=-1), ValueError,
-     r"num_warmup_epochs must be an int >= 0, got -1"),
-    (lambda o: CosineLrScheduler(o, 5, 10, num_cooldown_epochs=True), TypeError,
-     r"num_cooldown_epochs must be an int, got True"),
+     r"num_warmup_epochs must be a whole number >= 0, got -1"),
+    (lambda o: CosineLrScheduler(o, 5, 10, num_cooldown_epochs=True), ValueError,
+     r"num_cooldown_epochs must be a whole number >= 0, got True"),
     (lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=3, num_cooldown_epochs=2), ValueError,
      r"num_warmup_epochs=3 plus num_cooldown_epochs=2 must be less than total_num_epochs=5"),
     (lambda o: CosineLrScheduler(o, 5, 10, k_decay=0), ValueError, r"k_decay must be > 0, got 0"),
@@ -439,9 +439,9 @@ BAD_INPUTS = [
     (lambda o: WSDLrScheduler(o, num_epochs=3), ValueError, r"num_update_steps_per_epoch=None"),
     (lambda o: WSDLrScheduler(o, num_epochs=3, num_update_steps_per_epoch=5, total_steps=15), ValueError,
      r"not both; got total_steps=15, num_epochs=3, num_update_steps_per_epoch=5. Drop one"),
-    (lambda o: WSDLrScheduler(o, total_steps=0), ValueError, r"total_steps must be an int >= 1, got 0"),
+    (lambda o: WSDLrScheduler(o, total_steps=0), ValueError, r"total_steps must be a whole number >= 1, got 0"),
     (lambda o: WSDLrScheduler(o, total_steps=100, num_warmup_steps=-5), ValueError,
-     r"num_warmup_steps must be an int >= 0, got -5"),
+     r"num_warmup_steps must be a whole number >= 0, got -5"),
     (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=0), ValueError,
      r"decay_phase_ratio must be in \(0, 1\], got 0"),
     (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=1.5), ValueError,
@@ -449,7 +449,7 @@ BAD_INPUTS = [
     (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=None), TypeError,
      r"decay_phase_ratio must be a number in \(0, 1\], got None"),
     (lambda o: WSDLrScheduler(o, total_steps=100, num_checkpoints=0), ValueError,
-     r"num_checkpoints must be an int >= 1, got 0"),
+     r"num_checkpoints must be a whole number >= 1, got 0"),
     (lambda o: WSDLrScheduler(o, total_steps=100, lr_min=-1), ValueError, r"lr_min must be >= 0, got -1"),
     (lambda o: WSDLrScheduler(o, total_steps=3, num_checkpoints=4), ValueError,
      r"num_checkpoints=4 is too many for total_steps=3: the checkpoint steps \[1, 1, 2, 3\]"),

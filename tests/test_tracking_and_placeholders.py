@@ -58,8 +58,8 @@ def test_loss_tracker_weights_by_batch_size_and_keeps_tensors_on_device() -> Non
 def test_placeholders_support_multiplication_addition_and_each_other() -> None:
     trainer = SimpleNamespace(
         run_config=SimpleNamespace(num_epochs=3, num_update_steps_per_epoch=5, num_local_update_steps_per_epoch=5),
-        _train_dataloader=[0] * 10,
-        _eval_dataloader=[0] * 4,
+        train_dataloader=[0] * 10,
+        eval_dataloader=[0] * 4,
     )
     fn = functools.partial(
         dict,

@@ -1,6 +1,5 @@
 """Callbacks: observers of the training loop, and the built-in ones."""
 
-from .base import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
 from .defaults import (
     LogMetricsCallback,
     MoveModulesToDeviceCallback,
@@ -10,11 +9,12 @@ from .defaults import (
 )
 from .ema import ModelEmaCallback
 from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
+from .events import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
 from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
 from .training_state import SaveTrainingStateCallback
-from .wsd import WSDCheckpointCallback
+from .wsd_checkpoints import WSDCheckpointCallback
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .base import StopTrainingError, TrainerCallback
+from .._internal.validation import check_whole_number
+from .events import StopTrainingError, TrainerCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 #: TerminateOnNaNCallback folds its kept losses into one beyond this many, to bound memory.
 _MAX_UNCHECKED_LOSSES = 64
@@ -19,15 +23,15 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     """Move every ``nn.Module`` attribute of the Trainer other than the model (e.g. a loss
     function with a class-weight buffer) to the Trainer's device at the start of each run."""
 
-    def _move_modules(self, trainer: Any) -> None:
+    def _move_modules(self, trainer: Trainer) -> None:
         for name, value in vars(trainer).items():
             if isinstance(value, nn.Module) and name != "model" and value is not trainer.model:
                 value.to(trainer.device)
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self._move_modules(trainer)
 
-    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self._move_modules(trainer)
 
 
@@ -42,29 +46,39 @@ class TerminateOnNaNCallback(TrainerCallback):
     """
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}.")
-        self.check_every_n_steps = check_every_n_steps
+        self.check_every_n_steps = check_whole_number(
+            check_every_n_steps, "check_every_n_steps", owner="TerminateOnNaNCallback"
+        )
         self._unchecked_losses: list[torch.Tensor] = []
 
-    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self._unchecked_losses = []
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        self._unchecked_losses.append(batch_output["loss"].detach())
-        if (step + 1) % self.check_every_n_steps == 0:
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if batch_output is not None:
+            self._unchecked_losses.append(batch_output["loss"].detach())
+        if trainer.progress.batch_index % self.check_every_n_steps == 0:
             self._stop_if_non_finite(trainer)
         elif len(self._unchecked_losses) >= _MAX_UNCHECKED_LOSSES:
             self._unchecked_losses = [self._largest_unchecked_loss()]
 
-    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._stop_if_non_finite(trainer)
 
     def _largest_unchecked_loss(self) -> torch.Tensor:
         # Finite exactly when every kept loss is: NaN and inf propagate through amax.
         return torch.stack(self._unchecked_losses).abs().amax()
 
-    def _stop_if_non_finite(self, trainer: Any) -> None:
+    def _stop_if_non_finite(self, trainer: Trainer) -> None:
         flag = ~torch.isfinite(self._largest_unchecked_loss()) if self._unchecked_losses else False
         self._unchecked_losses = []
         if trainer.any_process(flag):
@@ -78,23 +92,25 @@ class TerminateOnNaNCallback(TrainerCallback):
 class PrintProgressCallback(TrainerCallback):
     """Print a line when a run starts and ends and when each epoch starts."""
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         config = trainer.run_config
+        if config is None:  # train() sets it before this event: only a hand-made call lacks it
+            return
         trainer.print(
             f"\nStarting training run: {config.num_epochs} epochs, "
             f"{config.num_update_steps_per_epoch} updates per epoch, {config.num_processes} process(es)"
         )
 
-    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         trainer.print(f"\nStarting epoch {trainer.run_history.current_epoch}")
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         trainer.print("Finishing training run")
 
-    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         trainer.print("\nStarting evaluation run")
 
-    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         trainer.print("Finishing evaluation run")
 
 
@@ -111,7 +127,7 @@ class ProgressBarCallback(TrainerCallback):
         self.train_bar: Any = None
         self.eval_bar: Any = None
 
-    def _open(self, trainer: Any, dataloader: Any, desc: str, position: int) -> Any:
+    def _open(self, trainer: Trainer, dataloader: Any, desc: str, position: int) -> Any:
         return tqdm(
             total=len(dataloader),
             desc=desc,
@@ -121,42 +137,59 @@ class ProgressBarCallback(TrainerCallback):
             position=position,
         )
 
-    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.train_bar = self._open(trainer, trainer.train_dataloader, "train", position=0)
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if self.train_bar is not None and self.train_bar.update(1):
             postfix = {"loss": f"{trainer.running_loss:.4g}"}
             if trainer.optimizer is not None:
                 postfix["lr"] = f"{trainer.optimizer.param_groups[0]['lr']:.3g}"
             self.train_bar.set_postfix(postfix, refresh=False)
 
-    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
-        _close(self.train_bar)
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        if self.train_bar is not None:
+            self.train_bar.close()
         self.train_bar = None
 
-    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         self.eval_bar = self._open(trainer, trainer.eval_dataloader, "eval", position=1 if self.train_bar is not None else 0)
 
-    def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
+    def on_eval_step_end(
+        self, trainer: Trainer, batch: Any = None, batch_output: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if self.eval_bar is not None:
             self.eval_bar.update(1)
 
-    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
-        _close(self.eval_bar)
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
         self.eval_bar = None
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # A stopped run skips the epoch-end events: close whatever is still open.
-        _close(self.train_bar)
-        self.train_bar = None
-        _close(self.eval_bar)
-        self.eval_bar = None
+        self._close_bars()
 
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._close_bars()
 
-def _close(bar: Any) -> None:
-    if bar is not None:
-        bar.close()
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self._close_bars()
+
+    def _close_bars(self) -> None:
+        for bar in (self.train_bar, self.eval_bar):
+            if bar is not None:
+                bar.close()
+        self.train_bar = self.eval_bar = None
 
 
 class LogMetricsCallback(TrainerCallback):
@@ -168,15 +201,15 @@ class LogMetricsCallback(TrainerCallback):
     def __init__(self) -> None:
         self._counts_before: dict[str, int] = {}
 
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         history = trainer.run_history
         self.log_metrics(trainer, {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())})
 
-    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         history = trainer.run_history
         self._counts_before = {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
 
-    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # Only what this evaluation measured, not the training metrics still in the history.
         history = trainer.run_history
         measured = {
@@ -186,7 +219,7 @@ class LogMetricsCallback(TrainerCallback):
         }
         self.log_metrics(trainer, measured)
 
-    def log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> None:
+    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         """Print ``metrics`` on the main process of each node."""
         for name, value in metrics.items():
             shown = f"{value:.6g}" if isinstance(value, float) and math.isfinite(value) else value

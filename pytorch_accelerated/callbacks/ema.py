@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from accelerate import PartialState
 
-from .. import checkpointing
-from ..ema import ModelEma
-from .base import CallbackHandler, TrainerCallback
+from ..utils import ModelEma
+from .events import CallbackHandler, TrainerCallback
 from .monitoring import MetricWatchingCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["ModelEmaCallback"]
 
@@ -25,8 +26,7 @@ class ModelEmaCallback(MetricWatchingCallback):
     - At ``on_training_run_start`` an EMA copy of the unwrapped model is made on
       ``trainer.device`` (``model_ema(model, decay=decay)``); it is :attr:`ema_model`, and the
       averaged network itself is ``ema_model.module``.
-    - After every optimizer update (``on_train_step_end`` when ``trainer.progress.global_step``
-      has moved) it is updated: ``ema = decay * ema + (1 - decay) * weights``. Batches that only
+    - After every optimizer update (``on_train_step_end`` with ``is_update_step``) it is updated: ``ema = decay * ema + (1 - decay) * weights``. Batches that only
       accumulate gradients do not update it.
     - After each end-of-epoch evaluation, when ``evaluate_during_training``, the EMA weights are
       evaluated on the same data with ``trainer.run_eval_epoch``, with every metric recorded
@@ -90,7 +90,6 @@ class ModelEmaCallback(MetricWatchingCallback):
         self.ema_model: ModelEma | None = None
         self.best_epoch: int | None = None
         self._pending_ema_state: dict[str, torch.Tensor] | None = None
-        self._last_global_step = 0
         self._in_training_run = False
         self._evaluating = False
         self._pending_intermediate = False
@@ -100,28 +99,35 @@ class ModelEmaCallback(MetricWatchingCallback):
         super().reset()
         self.best_epoch = None
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_start(trainer)
         self.ema_model = self.model_ema(trainer.get_model(), decay=self.decay).to(trainer.device)
         if self._pending_ema_state is not None:
             self.ema_model.module.load_state_dict(self._pending_ema_state)
             self._pending_ema_state = None
-        self._last_global_step = trainer.progress.global_step
         self._in_training_run, self._pending_intermediate = True, False
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        if self.ema_model is not None and trainer.progress.global_step != self._last_global_step:
-            self._last_global_step = trainer.progress.global_step
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if self.ema_model is not None and is_update_step:
             self.ema_model.update(trainer.model)
         self._run_pending_intermediate(trainer)
 
-    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self._epoch = trainer.progress.epoch + 1  # the last epoch run, for the save at the end
 
-    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._run_pending_intermediate(trainer)
 
-    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         if (
             self._evaluating  # the EMA evaluation's own end event
             or not self._in_training_run  # trainer.evaluate() outside a run
@@ -137,13 +143,13 @@ class ModelEmaCallback(MetricWatchingCallback):
         else:
             self.evaluate_ema(trainer)
 
-    def _run_pending_intermediate(self, trainer: Any) -> None:
+    def _run_pending_intermediate(self, trainer: Trainer) -> None:
         if self._pending_intermediate:
             self._pending_intermediate = False
             loss = self.evaluate_ema(trainer, is_intermediate=True)
             trainer.run_history.update_metric(f"{EMA_METRIC_PREFIX}intermediate_eval_loss", loss)
 
-    def evaluate_ema(self, trainer: Any, is_intermediate: bool = False) -> float:
+    def evaluate_ema(self, trainer: Trainer, is_intermediate: bool = False) -> float:
         """Evaluate the EMA weights on the evaluation data; metrics get the ``ema_model_`` prefix.
 
         Returns the mean loss. Every process must call this.
@@ -163,7 +169,7 @@ class ModelEmaCallback(MetricWatchingCallback):
                 handler.remove_callback(callback)
             self._evaluating = False
 
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         if not self.evaluate_during_training or self.ema_model is None:
             return
         value = self.read_new_value(trainer)
@@ -172,7 +178,7 @@ class ModelEmaCallback(MetricWatchingCallback):
         self.best_metric, self.best_epoch = value, trainer.progress.epoch + 1
         self._save(trainer, {"epoch": self.best_epoch, self.watch_metric: value})
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_end(trainer)
         self._in_training_run = False
         if self.ema_model is None or self.save_path is None:
@@ -180,26 +186,27 @@ class ModelEmaCallback(MetricWatchingCallback):
         if not self.evaluate_during_training:
             self._save(trainer, {"epoch": self._epoch})
         elif self.load_saved_checkpoint and self.best_epoch is not None:
-            PartialState().wait_for_everyone()  # the file is complete on every node
-            saved = checkpointing.safe_torch_load(self.save_path)
-            self.ema_model.module.load_state_dict(saved["model_state_dict"])
+            trainer.load_checkpoint(self.save_path, load_optimizer=False, load_scheduler=False, model=self.ema_model.module)
             trainer.print(
                 f"Loaded the best EMA weights of epoch {self.best_epoch} "
                 f"({self.watch_metric} = {self.best_metric:.6g}) into ModelEmaCallback.ema_model"
             )
 
-    def _save(self, trainer: Any, extra: dict[str, Any]) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        super().on_exception(trainer, exception)
+        self._in_training_run = self._pending_intermediate = False
+
+    def _save(self, trainer: Trainer, extra: dict[str, Any]) -> None:
         if self.save_path is None or self.ema_model is None:
             return
-        # The EMA copy is the same on every process: each node's main process writes it once.
-        if trainer.is_local_process_zero:
-            checkpoint = {
-                "model_state_dict": self.ema_model.module.state_dict(),
-                "global_step": trainer.progress.global_step,
-                "ema_decay": float(self.decay),
-                **extra,
-            }
-            checkpointing.atomic_torch_save(checkpoint, self.save_path)
+        # The EMA copy is the same on every process; save_checkpoint writes it once per node.
+        trainer.save_checkpoint(
+            self.save_path,
+            checkpoint_kwargs={"global_step": trainer.progress.global_step, "ema_decay": float(self.decay), **extra},
+            save_optimizer=False,
+            save_scheduler=False,
+            model=self.ema_model.module,
+        )
 
     def _unknown_metric_message(self, recorded: list[str]) -> str:
         return (

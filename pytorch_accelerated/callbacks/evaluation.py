@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import TrainerCallback
-from .limits import check_num_batches, limit, unlimit
+from .._internal.validation import check_whole_number
+from .events import TrainerCallback
+from .limits import limit, unlimit
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 
 class StepBasedEvaluationCallback(TrainerCallback):
@@ -39,25 +43,30 @@ class StepBasedEvaluationCallback(TrainerCallback):
     STEP_METRIC = "intermediate_eval_step"
 
     def __init__(self, eval_every_n_steps: int) -> None:
-        self.eval_every_n_steps = check_num_batches(
-            eval_every_n_steps, "StepBasedEvaluationCallback", "eval_every_n_steps"
+        self.eval_every_n_steps = check_whole_number(
+            eval_every_n_steps, "eval_every_n_steps", owner="StepBasedEvaluationCallback"
         )
-        self._last_seen_step = 0
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         if trainer.eval_dataloader is None:
             raise ValueError(
                 "StepBasedEvaluationCallback evaluates during training, but this run has no "
                 "evaluation set. Pass train(..., eval_dataset=...) or remove the callback."
             )
-        self._last_seen_step = trainer.progress.global_step
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
         global_step = trainer.progress.global_step
         # With gradient accumulation most batches end without an update: evaluate only after one.
-        updated = global_step != self._last_seen_step
-        self._last_seen_step = global_step
-        if updated and global_step % self.eval_every_n_steps == 0:
+        if is_update_step and global_step % self.eval_every_n_steps == 0:
             loss = trainer.run_eval_epoch(is_intermediate=True)
             trainer.run_history.update_metric(self.LOSS_METRIC, loss)
             trainer.run_history.update_metric(self.STEP_METRIC, global_step)
@@ -79,7 +88,7 @@ class LimitEvalStepsCallback(TrainerCallback):
     """
 
     def __init__(self, num_eval_steps: int, limit_intermediate_only: bool = True) -> None:
-        self.num_eval_steps = check_num_batches(num_eval_steps, "LimitEvalStepsCallback", "num_eval_steps")
+        self.num_eval_steps = check_whole_number(num_eval_steps, "num_eval_steps", owner="LimitEvalStepsCallback")
         if not isinstance(limit_intermediate_only, bool):
             raise TypeError(
                 f"LimitEvalStepsCallback needs limit_intermediate_only to be True or False, got "
@@ -87,9 +96,12 @@ class LimitEvalStepsCallback(TrainerCallback):
             )
         self.limit_intermediate_only = limit_intermediate_only
 
-    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         if is_intermediate or not self.limit_intermediate_only:
             trainer.eval_dataloader = limit(trainer.eval_dataloader, self.num_eval_steps)
 
-    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._internal.validation import check_whole_number
 from ..utils import LIMIT_BATCHES_ENV_VAR, DataLoaderSlice
-from .base import TrainerCallback
+from .events import TrainerCallback
 
-
-def check_num_batches(value: Any, owner: str, name: str) -> int:
-    """Return ``value`` if it is an int >= 1, else raise a ValueError naming ``owner`` and ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner} needs {name} >= 1 (an int), got {value!r}.")
-    return value
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 
 class LimitedLoader(DataLoaderSlice):
@@ -54,24 +51,41 @@ class LimitBatchesCallback(TrainerCallback):
     """
 
     def __init__(self, num_batches: int) -> None:
-        self.num_batches = check_num_batches(num_batches, "LimitBatchesCallback", "num_batches")
+        self.num_batches = check_whole_number(num_batches, "num_batches", owner="LimitBatchesCallback")
 
-    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+    def announcement(self) -> str:
+        """The line the Trainer prints when this callback comes from ``PT_ACC_LIMIT_BATCHES``."""
+        return (
+            f"{LIMIT_BATCHES_ENV_VAR}={self.num_batches} is set (by utils.LimitBatches or the "
+            f"environment): each epoch runs at most {self.num_batches} batches."
+        )
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         # The Trainer tells the loader the epoch (through the slice), so each epoch still
         # takes a new shuffle although accelerate's loader is never run to its end.
         trainer.train_dataloader = limit(trainer.train_dataloader, self.num_batches)
 
-    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         trainer.train_dataloader = unlimit(trainer.train_dataloader)
 
-    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         trainer.eval_dataloader = limit(trainer.eval_dataloader, self.num_batches)
 
-    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # A StopTrainingError skips the epoch-end events: restore the loaders here as well.
+        self._restore(trainer)
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._restore(trainer)
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self._restore(trainer)
+
+    @staticmethod
+    def _restore(trainer: Trainer) -> None:
         trainer.train_dataloader = unlimit(trainer.train_dataloader)
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
@@ -82,14 +96,15 @@ def limit_batches_callback_from_env() -> LimitBatchesCallback | None:
     value = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
     if not value:
         return None
+    if value.lower() == "none":  # how the original library spelled "no limit"
+        return None
     try:
         num_batches = int(value)
     except ValueError:
         num_batches = 0
-    if num_batches < 1:
-        raise ValueError(
-            f"The environment variable {LIMIT_BATCHES_ENV_VAR}={value!r} must be a whole number >= 1 "
-            f"(batches per epoch). Unset it to train on every batch, or use "
-            f"`with pytorch_accelerated.utils.LimitBatches(n):`."
-        )
+    check_whole_number(
+        num_batches if num_batches >= 1 else value,  # the message shows what the variable holds
+        f"The environment variable {LIMIT_BATCHES_ENV_VAR} (batches per epoch)",
+        hint="Unset it to train on every batch, or use `with pytorch_accelerated.utils.LimitBatches(n):`.",
+    )
     return LimitBatchesCallback(num_batches)

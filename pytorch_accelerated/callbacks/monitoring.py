@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import StopTrainingError, TrainerCallback
+from .._internal.validation import check_whole_number
+from .events import StopTrainingError, TrainerCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["MetricWatchingCallback", "SaveBestModelCallback", "EarlyStoppingCallback"]
 
@@ -42,7 +46,7 @@ class MetricWatchingCallback(TrainerCallback):
         """Forget the best value (subclasses also forget their own state)."""
         self.best_metric = None
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         if self.reset_on_train and not self._keep_loaded_state:
             self.reset()
         self._keep_loaded_state = False
@@ -51,10 +55,13 @@ class MetricWatchingCallback(TrainerCallback):
         # Values left from an earlier run (reset_run_history=False) are not this run's.
         self._num_values_seen = len(history.get_metric_values(self.watch_metric)) if known else 0
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._keep_loaded_state = False
 
-    def read_new_value(self, trainer: Any) -> float | None:
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self._keep_loaded_state = False
+
+    def read_new_value(self, trainer: Trainer) -> float | None:
         """Return the value of ``watch_metric`` recorded since the last check, or None.
 
         Raises:
@@ -80,7 +87,7 @@ class MetricWatchingCallback(TrainerCallback):
             return value > self.best_metric + self.threshold
         return value < self.best_metric - self.threshold
 
-    def agree_improvement(self, trainer: Any, value: float) -> bool:
+    def agree_improvement(self, trainer: Trainer, value: float) -> bool:
         """The main process's :meth:`is_improvement`, shared with every process (collective)."""
         return trainer.any_process(self.is_improvement(value) and trainer.is_world_process_zero)
 
@@ -151,7 +158,7 @@ class SaveBestModelCallback(MetricWatchingCallback):
         super().reset()
         self.best_epoch = None
 
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         value = self.read_new_value(trainer)
         if value is None or not self.agree_improvement(trainer, value):
             return
@@ -167,7 +174,7 @@ class SaveBestModelCallback(MetricWatchingCallback):
             save_scheduler=self.save_scheduler,
         )
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_end(trainer)
         if self.load_saved_checkpoint and self.best_epoch is not None:
             trainer.load_checkpoint(self.save_path, load_optimizer=False, load_scheduler=False)
@@ -209,11 +216,7 @@ class EarlyStoppingCallback(MetricWatchingCallback):
         greater_is_better: bool = False,
         reset_on_train: bool = True,
     ) -> None:
-        if isinstance(early_stopping_patience, bool) or not isinstance(early_stopping_patience, int) or early_stopping_patience < 1:
-            raise ValueError(
-                f"early_stopping_patience must be an int >= 1 (epochs without improvement before "
-                f"stopping), got {early_stopping_patience!r}."
-            )
+        check_whole_number(early_stopping_patience, "early_stopping_patience", owner="EarlyStoppingCallback")
         if not isinstance(early_stopping_threshold, numbers.Real) or not early_stopping_threshold >= 0:
             raise ValueError(
                 f"early_stopping_threshold must be a number >= 0 (the least change that counts as "
@@ -228,7 +231,7 @@ class EarlyStoppingCallback(MetricWatchingCallback):
         super().reset()
         self.num_epochs_without_improvement = 0
 
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         value = self.read_new_value(trainer)
         if value is None:
             return

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import PartialState
 from torch import nn
 
-from .base import TrainerCallback
+from .events import TrainerCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 # Device types on which torch's SyncBatchNorm works: on any other, DistributedDataParallel
 # refuses to wrap a model holding one ("SyncBatchNorm layers only work with GPU modules") and
@@ -38,7 +41,7 @@ class ConvertSyncBatchNormCallback(TrainerCallback):
     def __init__(self) -> None:
         self.converted = False
 
-    def on_init_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self.converted = False
         if PartialState().num_processes <= 1:
             return

@@ -6,10 +6,14 @@ import shutil
 import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..training_state import list_complete_states
-from .base import StopTrainingError, TrainerCallback
+from .._internal.validation import check_whole_number
+from ..checkpoints.state_dirs import list_complete_states
+from .events import StopTrainingError, TrainerCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 
 class SaveTrainingStateCallback(TrainerCallback):
@@ -42,15 +46,14 @@ class SaveTrainingStateCallback(TrainerCallback):
         handle_signals: Iterable[int] = (signal.SIGTERM,),
         check_signals_every_n_steps: int = 10,
     ) -> None:
+        owner = "SaveTrainingStateCallback"
         for name, value in (
             ("save_every_n_epochs", save_every_n_epochs),
             ("save_every_n_steps", save_every_n_steps),
             ("max_checkpoints", max_checkpoints),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a whole number >= 1 or None, got {value!r}.")
-        if check_signals_every_n_steps < 1:
-            raise ValueError(f"check_signals_every_n_steps must be >= 1, got {check_signals_every_n_steps}.")
+            check_whole_number(value, name, optional=True, owner=owner)
+        check_whole_number(check_signals_every_n_steps, "check_signals_every_n_steps", owner=owner)
         self.save_dir = Path(save_dir)
         self.save_every_n_epochs = save_every_n_epochs
         self.save_every_n_steps = save_every_n_steps
@@ -61,7 +64,6 @@ class SaveTrainingStateCallback(TrainerCallback):
         self.signal_received: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_step: int | None = None
-        self._seen_step = 0
         self._stopped_by_signal = False
 
     # ------------------------------------------------------------------ signals
@@ -70,22 +72,24 @@ class SaveTrainingStateCallback(TrainerCallback):
         # Only note it: saving from inside a signal handler could interrupt a collective call.
         self.signal_received = signum
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.signal_received = None
         self._stopped_by_signal = False
-        self._seen_step = trainer.progress.global_step
         for signum in self.handle_signals:
             try:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
             except ValueError:  # not the main thread: signals cannot be handled here
                 break
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         try:
             if self.save_at_end and not self._stopped_by_signal:
                 self._save(trainer)
         finally:
             self._restore_handlers()
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self._restore_handlers()
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
@@ -94,11 +98,19 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ saving
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        global_step = trainer.progress.global_step
-        if global_step == self._seen_step:  # inside an accumulation window: nothing to save
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not is_update_step:  # inside an accumulation window: nothing to save
             return
-        self._seen_step = global_step
+        global_step = trainer.progress.global_step
         if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
             self._save(trainer)
         if self.handle_signals and self._signal_agreed(trainer):
@@ -108,19 +120,19 @@ class SaveTrainingStateCallback(TrainerCallback):
             trainer.print(f"Received signal {self.signal_received}: saved the training state, stopping.")
             raise StopTrainingError(f"signal {self.signal_received}")
 
-    def _signal_agreed(self, trainer: Any) -> bool:
-        if trainer.run_config.num_processes == 1:
+    def _signal_agreed(self, trainer: Trainer) -> bool:
+        if trainer.accelerator.num_processes == 1:
             return self.signal_received is not None
         if trainer.progress.global_step % self.check_signals_every_n_steps:
             return False
         return trainer.any_process(self.signal_received is not None)
 
-    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
         if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
             self._save(trainer)
 
-    def _save(self, trainer: Any) -> None:
+    def _save(self, trainer: Trainer) -> None:
         trainer.save_training_state(self.save_dir / f"step-{trainer.progress.global_step:08d}")
         self._last_saved_step = trainer.progress.global_step
         if self.max_checkpoints is not None and trainer.is_world_process_zero:

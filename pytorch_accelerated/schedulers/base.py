@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._internal.validation import check_whole_number
 from ..placeholders import is_placeholder
 
 
@@ -175,8 +176,8 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     """Return ``value`` as an ``int`` if it is a whole number of at least ``minimum``.
 
     Raises:
-        TypeError: If ``value`` is not an int (floats, bools and unresolved placeholders included).
-        ValueError: If ``value`` is smaller than ``minimum``.
+        TypeError: If ``value`` is an unresolved placeholder.
+        ValueError: If ``value`` is not a whole number >= ``minimum`` (floats and bools included).
     """
     if is_placeholder(value):
         raise TypeError(
@@ -184,11 +185,7 @@ def check_int(name: str, value: Any, minimum: int) -> int:
             "create_scheduler_fn(...) and pass it to trainer.train(create_scheduler_fn=...), or "
             "pass an int."
         )
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}; pass a whole number.")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}; pass {minimum} or more.")
-    return int(value)
+    return check_whole_number(value, name, minimum=minimum)
 
 
 def check_non_negative(name: str, value: Any) -> float:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..schedulers.wsd import WSDLrScheduler
-from .base import TrainerCallback
+from .events import TrainerCallback
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
 
 __all__ = ["WSDCheckpointCallback"]
 
@@ -57,9 +60,8 @@ class WSDCheckpointCallback(TrainerCallback):
         self.initial_checkpoint = initial_checkpoint
         self.saved_checkpoints: list[str] = []
         self._initial_checkpoint_loaded = False
-        self._last_step = 0
 
-    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         scheduler = self._check_scheduler(trainer.scheduler)
         # A resumed run (train(resume_from=...)) is already past its start: nothing to do here.
         fresh_run = trainer.progress.global_step == 0 and trainer.progress.batch_index == 0
@@ -67,9 +69,9 @@ class WSDCheckpointCallback(TrainerCallback):
             self._save_if_due(trainer, scheduler.num_updates)  # a decay that starts at step 0
         elif fresh_run and not self._initial_checkpoint_loaded:
             self._load_initial_checkpoint(trainer, scheduler)
-        self._last_step = scheduler.num_updates
 
-    def _load_initial_checkpoint(self, trainer: Any, scheduler: WSDLrScheduler) -> None:
+    def _load_initial_checkpoint(self, trainer: Trainer, scheduler: WSDLrScheduler) -> None:
+        assert self.initial_checkpoint is not None  # checked by the caller
         trainer.load_checkpoint(
             self.initial_checkpoint,
             load_optimizer=True,
@@ -80,16 +82,23 @@ class WSDCheckpointCallback(TrainerCallback):
         self._initial_checkpoint_loaded = True
         trainer.print(f"Continuing from {str(self.initial_checkpoint)!r} at scheduler step {scheduler.num_updates}")
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
-        num_updates = trainer.scheduler.num_updates
-        if num_updates != self._last_step:  # not when only accumulating, or after a skipped update
-            self._last_step = num_updates
-            self._save_if_due(trainer, num_updates)
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if is_update_step:  # not when only accumulating
+            self._save_if_due(trainer, trainer.scheduler.num_updates)
 
-    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._initial_checkpoint_loaded = False  # a later train() starts from it again
 
-    def _save_if_due(self, trainer: Any, step: int) -> None:
+    def _save_if_due(self, trainer: Trainer, step: int) -> None:
         scheduler = trainer.scheduler
         for phase, steps, name in (
             ("pre_decay", scheduler.get_decay_start_steps(), "pre_decay_step"),

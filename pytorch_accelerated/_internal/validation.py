@@ -2,14 +2,54 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
+from torch import nn
 
 
-def check_positive_int(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+def check_whole_number(
+    value: Any, name: str, *, minimum: int = 1, optional: bool = False, owner: str = "", hint: str = ""
+) -> Any:
+    """Return ``value`` as an ``int`` if it is a whole number >= ``minimum`` (or None if ``optional``).
+
+    The one check of counts in the package, with one wording, e.g.
+    ``"LimitBatchesCallback: num_batches must be a whole number >= 1, got 0."``.
+
+    Raises:
+        ValueError: naming ``owner`` (the class or function that takes the argument), ``name``,
+            what is allowed and the value seen, then ``hint``.
+
+    >>> check_whole_number(3, "num_epochs")
+    3
+    >>> check_whole_number(0, "num_batches", owner="LimitBatchesCallback")
+    Traceback (most recent call last):
+    ...
+    ValueError: LimitBatchesCallback: num_batches must be a whole number >= 1, got 0.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        allowed = f"a whole number >= {minimum}" + (" or None" if optional else "")
+        where = f"{owner}: " if owner else ""
+        raise ValueError(f"{where}{name} must be {allowed}, got {value!r}." + (f" {hint}" if hint else ""))
+    return int(value)
+
+
+def check_trainer_arguments(model: Any, loss_func: Any, optimizer: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}. Wrap your function in "
+            f"an nn.Module subclass whose forward() computes the model outputs."
+        )
+    if loss_func is not None and not callable(loss_func):
+        raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. Create "
+            f"it from the model's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.01)."
+        )
 
 
 def check_positive_number(value: Any, name: str) -> None:
@@ -21,6 +61,7 @@ def check_positive_number(value: Any, name: str) -> None:
 
 def check_train_arguments(
     *,
+    optimizer: Any,
     num_epochs: Any,
     per_device_batch_size: Any,
     max_num_train_steps: Any,
@@ -28,11 +69,15 @@ def check_train_arguments(
     gradient_clip_value: Any,
     max_grad_norm: Any,
 ) -> None:
-    check_positive_int(num_epochs, "num_epochs")
-    check_positive_int(per_device_batch_size, "per_device_batch_size")
-    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
-    if max_num_train_steps is not None:
-        check_positive_int(max_num_train_steps, "max_num_train_steps")
+    if optimizer is None:
+        raise ValueError(
+            "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
+            "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
+        )
+    check_whole_number(num_epochs, "num_epochs")
+    check_whole_number(per_device_batch_size, "per_device_batch_size")
+    check_whole_number(gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_whole_number(max_num_train_steps, "max_num_train_steps", optional=True)
     check_positive_number(gradient_clip_value, "gradient_clip_value")
     check_positive_number(max_grad_norm, "max_grad_norm")
 

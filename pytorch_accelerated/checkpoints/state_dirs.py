@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .checkpointing import safe_torch_load
+from .files import safe_torch_load
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"

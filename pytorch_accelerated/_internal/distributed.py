@@ -1,0 +1,113 @@
+"""What the Trainer offers about processes and devices, and gathering tensors that differ in length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, recursively_apply
+from torch import nn
+
+
+def gather_ragged(accelerator: Accelerator, data: Any) -> Any:
+    """Concatenate each tensor leaf of ``data`` over processes along dim 0, no padding kept.
+
+    Tensors may have a different length along dim 0 on each process; other dimensions must
+    agree. Non-tensor leaves are gathered as Python objects. Every process must call this with
+    the same structure, or the collective calls would not line up.
+    """
+    if accelerator.num_processes == 1:
+        return data
+    if not isinstance(data, (torch.Tensor, dict, list, tuple)):
+        return gather_object([data])
+    return recursively_apply(lambda tensor: _gather_tensor(accelerator, tensor), data, error_on_other_type=True)
+
+
+def _gather_tensor(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    length = torch.tensor([tensor.shape[0]], device=tensor.device)
+    lengths = accelerator.gather(length).tolist()
+    padded = accelerator.pad_across_processes(tensor, dim=0, pad_index=0)
+    gathered = accelerator.gather(padded)
+    chunk = padded.shape[0]
+    pieces = [gathered[i * chunk : i * chunk + n] for i, n in enumerate(lengths)]
+    return torch.cat(pieces)
+
+
+def mean_over_processes(accelerator: Accelerator, total: Any, count: Any) -> float:
+    """``sum(total) / sum(count)`` over every process: one all-reduce and one host read."""
+    totals = torch.stack(
+        [
+            torch.as_tensor(total, dtype=torch.float64, device=accelerator.device),
+            torch.as_tensor(count, dtype=torch.float64, device=accelerator.device),
+        ]
+    )
+    if accelerator.num_processes > 1:
+        totals = accelerator.reduce(totals, reduction="sum")
+    summed_total, summed_count = totals.tolist()
+    return summed_total / summed_count if summed_count else float("nan")
+
+
+class ProcessUtilities:
+    """The Trainer's methods about processes and devices: where it runs, who is the main
+    process, printing once, gathering, agreeing on a flag (a base class of the Trainer)."""
+
+    _accelerator: Accelerator
+    model: nn.Module
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The ``accelerate.Accelerator`` this Trainer runs on (read-only)."""
+        return self._accelerator
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._accelerator.device
+
+    @property
+    def is_local_process_zero(self) -> bool:
+        """True on the main process of each node."""
+        return self._accelerator.is_local_main_process
+
+    @property
+    def is_world_process_zero(self) -> bool:
+        """True on the main process of the whole job."""
+        return self._accelerator.is_main_process
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per node (on each node's main process)."""
+        self._accelerator.print(*args, **kwargs)
+
+    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
+        """Concatenate ``tensor`` from every process along dim 0.
+
+        Tensors may differ in length along dim 0 (an uneven last batch): with
+        ``padding_value=None`` the result holds each process's rows and nothing else; with a
+        ``padding_value`` shorter tensors are padded with it (strip it with
+        :func:`~pytorch_accelerated.utils.remove_padding`). Every process must call this.
+        """
+        if padding_value is None:
+            return gather_ragged(self._accelerator, tensor)
+        padded = self._accelerator.pad_across_processes(tensor, dim=0, pad_index=padding_value)
+        return self._accelerator.gather(padded)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather nested tensors (dicts, lists, tuples) from every process, each sample once.
+
+        Leaves may differ in length along dim 0 between processes. Every process must call it.
+        """
+        return gather_ragged(self._accelerator, data)
+
+    def any_process(self, flag: bool | torch.Tensor) -> bool:
+        """True on every process if ``flag`` is true on any (a collective: all must call it)."""
+        value = torch.as_tensor(flag, dtype=torch.float32, device=self.device).reshape(1)
+        if self._accelerator.num_processes > 1:
+            value = self._accelerator.reduce(value, reduction="sum")
+        return bool(value.item() > 0)
+
+    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
+        """Return the model without its distributed wrappers."""
+        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)

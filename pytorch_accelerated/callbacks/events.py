@@ -1,0 +1,332 @@
+"""Callback events and their dispatch, and the saved state of callbacks (by ``state_key``)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
+
+#: Every event the Trainer fires, in the order they first fire in a run with evaluation.
+TRAINER_EVENTS: tuple[str, ...] = (
+    "on_init_end",
+    "on_training_run_start",
+    "on_train_epoch_start",
+    "on_train_step_start",
+    "on_train_step_end",
+    "on_train_epoch_end",
+    "on_eval_epoch_start",
+    "on_eval_step_start",
+    "on_eval_step_end",
+    "on_eval_epoch_end",
+    "on_training_run_epoch_end",
+    "on_training_run_end",
+    "on_evaluation_run_start",
+    "on_evaluation_run_end",
+    "on_stop_training_error",
+    "on_exception",
+)
+
+#: Events that end a run or an evaluation: a ``StopTrainingError`` raised in one of them skips
+#: that event's remaining callbacks, and the run still returns normally.
+END_EVENTS: tuple[str, ...] = ("on_stop_training_error", "on_training_run_end", "on_evaluation_run_end")
+
+
+class StopTrainingError(Exception):
+    """Raise anywhere in the training loop or an evaluation to end it cleanly.
+
+    From any event or overridable method of ``train()``, the Trainer fires
+    ``on_stop_training_error``, then the run-end hooks, and ``train()`` returns normally; in
+    ``evaluate()`` the evaluation ends at that batch (no partial loss is recorded), then
+    ``on_stop_training_error`` and the evaluation-end hooks fire, and ``evaluate()`` returns
+    what was recorded. Raised inside an end event, it skips that event's remaining callbacks.
+    """
+
+
+class TrainerCallback:
+    """Base class of callbacks: observers of the training loop.
+
+    Override any ``on_*`` method named in :data:`TRAINER_EVENTS`; each receives the trainer and
+    keyword arguments that depend on the event. A callback may declare extra events that a
+    Trainer subclass fires with ``callback_handler.call_event`` by listing them in
+    ``custom_events``. Any other ``on_*`` method is rejected when the callback is added, since
+    a misspelt hook would otherwise never run.
+
+    A callback is *stateful* when it overrides :meth:`state_dict` (and :meth:`load_state_dict`):
+    training states save its state under its :attr:`state_key`, and a resumed run restores it
+    into the callback with the same key, wherever it stands in the list.
+    """
+
+    custom_events: tuple[str, ...] = ()
+
+    @property
+    def state_key(self) -> str:
+        """The name a training state saves this callback's state under.
+
+        Default: the class's qualified name (a second callback of the same key gets ``-2``, and
+        so on, in list order). Override it when a run has several callbacks of one class whose
+        order may change, e.g. ``return f"SaveBestModel[{self.watch_metric}]"``.
+        """
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return what a resumed run needs to restore this callback (override with
+        :meth:`load_state_dict`); the default, for callbacks without state, is empty."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; called after ``on_training_run_start`` on resume."""
+
+    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """After the Trainer's constructor, before anything is prepared for distribution."""
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """At the start of ``train()``, after the data loaders, run config and scheduler exist."""
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """At the start of each training epoch, after ``model.train()``."""
+
+    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Before the forward pass of each training batch."""
+
+    def on_train_step_end(
+        self,
+        trainer: Trainer,
+        batch: Any = None,
+        batch_output: dict[str, Any] | None = None,
+        step: int | None = None,
+        *,
+        is_update_step: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """After the backward pass of each batch and, when the batch completes an update
+        (``is_update_step``), after the optimizer step, scheduler step and zero-grad.
+        ``step`` is the batch index in the epoch."""
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """After the last training batch of an epoch, once ``train_loss_epoch`` is recorded."""
+
+    def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        """At the start of each evaluation epoch, after ``model.eval()``."""
+
+    def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Before the forward pass of each evaluation batch."""
+
+    def on_eval_step_end(
+        self, trainer: Trainer, batch: Any = None, batch_output: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """After each evaluation batch."""
+
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        """After the last evaluation batch, once the evaluation loss is recorded."""
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """After each (train + eval) epoch; metrics for the epoch are complete here."""
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """At the end of ``train()``, also after a ``StopTrainingError``."""
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """At the start of ``evaluate()``."""
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """At the end of ``evaluate()``."""
+
+    def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
+        """When a ``StopTrainingError`` ends a run or an evaluation, before its end hooks."""
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """When any other exception (``KeyboardInterrupt`` included) escapes ``train()`` or
+        ``evaluate()``, before it reaches the caller unchanged: release what the callback holds."""
+
+
+def _is_override(callback: TrainerCallback, event: str) -> bool:
+    base = getattr(TrainerCallback, event, None)
+    return getattr(type(callback), event, None) is not base
+
+
+class CallbackHandler:
+    """Holds the callbacks of a Trainer and calls them, in list order, for each event."""
+
+    def __init__(self, callbacks: Iterable[TrainerCallback | type[TrainerCallback]] = ()) -> None:
+        self.callbacks: list[TrainerCallback] = []
+        self._custom_events: set[str] = set()
+        self._dispatch: dict[str, list[tuple[TrainerCallback, Callable[..., Any]]]] = {}
+        self.add_callbacks(callbacks)
+
+    def register_event(self, event: str) -> None:
+        """Allow callbacks to handle a custom ``event`` fired with :meth:`call_event`."""
+        self._check_event_name(event)
+        self._custom_events.add(event)
+
+    def add_callbacks(self, callbacks: Iterable[TrainerCallback | type[TrainerCallback]]) -> None:
+        for callback in callbacks:
+            self.add_callback(callback)
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Add a callback (an instance, or a class that takes no arguments)."""
+        if isinstance(callback, type):
+            callback = callback()
+        if not isinstance(callback, TrainerCallback):
+            raise TypeError(
+                f"callbacks must be TrainerCallback instances or classes, got {callback!r} "
+                f"({type(callback).__name__}). Subclass pytorch_accelerated.callbacks.TrainerCallback."
+            )
+        for event in callback.custom_events:
+            self.register_event(event)
+        self._check_hooks(callback)
+        self.callbacks.append(callback)
+        self._dispatch.clear()
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Remove a callback instance, or every callback of a class."""
+        if isinstance(callback, type):
+            self.callbacks = [cb for cb in self.callbacks if not isinstance(cb, callback)]
+        else:
+            self.callbacks.remove(callback)
+        self._dispatch.clear()
+
+    def get_callback(self, callback_type: type) -> Any:
+        """Return the first callback of ``callback_type``, or None."""
+        return next((cb for cb in self.callbacks if isinstance(cb, callback_type)), None)
+
+    def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``event`` on every callback that handles it, in list order.
+
+        An exception raised by a callback reaches the caller unchanged, with a note that names
+        the callback and the event.
+        """
+        handlers = self._dispatch.get(event)
+        if handlers is None:
+            handlers = self._build_dispatch(event)
+        for callback, method in handlers:
+            try:
+                method(*args, **kwargs)
+            except StopTrainingError:
+                raise
+            except Exception as error:
+                _add_note(error, f"raised in callback {type(callback).__name__}.{event}")
+                raise
+
+    def _build_dispatch(self, event: str) -> list[tuple[TrainerCallback, Callable[..., Any]]]:
+        if event not in TRAINER_EVENTS and event not in self._custom_events:
+            self.register_event(event)
+        # Only callbacks that override an event are called, so unused events cost nothing.
+        handlers = [
+            (cb, getattr(cb, event))
+            for cb in self.callbacks
+            if hasattr(cb, event) and (event not in TRAINER_EVENTS or _is_override(cb, event))
+        ]
+        self._dispatch[event] = handlers
+        return handlers
+
+    def call_exception_event(self, trainer: Trainer, exception: BaseException) -> None:
+        """Call ``on_exception`` on every callback, even when one of them raises.
+
+        What a callback raises here is added as a note to ``exception``, which the caller then
+        re-raises unchanged.
+        """
+        for callback, method in self._dispatch.get("on_exception") or self._build_dispatch("on_exception"):
+            try:
+                method(trainer, exception=exception)
+            except Exception as error:
+                _add_note(exception, f"{type(callback).__name__}.on_exception also raised {error!r}")
+
+    # ------------------------------------------------------------------ callback state
+
+    def stateful_callbacks(self) -> dict[str, TrainerCallback]:
+        """The callbacks that override ``state_dict``, by the key their state is saved under."""
+        keyed: dict[str, TrainerCallback] = {}
+        for callback in self.callbacks:
+            if not _is_override(callback, "state_dict"):
+                continue
+            base = key = callback.state_key
+            repeat = 1
+            while key in keyed:
+                repeat += 1
+                key = f"{base}-{repeat}"
+            keyed[key] = callback
+        return keyed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every stateful callback's ``state_dict()``, by its key."""
+        return {key: callback.state_dict() for key, callback in self.stateful_callbacks().items()}
+
+    def load_state_dict(self, states: Mapping[str, Any]) -> None:
+        """Restore each stateful callback whose key has a saved state.
+
+        A saved state that no callback claims, and a stateful callback that finds none, each get
+        a warning naming them. States saved by position (``"0:EarlyStoppingCallback"``, by
+        earlier versions) are matched by class name, in list order.
+        """
+        keyed = self.stateful_callbacks()
+        states = _keys_from_positions(states, keyed)
+        for key, callback in keyed.items():
+            if key in states:
+                callback.load_state_dict(states[key])
+            else:
+                warnings.warn(
+                    f"The training state holds no state for the callback {key!r}, so it starts "
+                    f"afresh: it was not in the run that saved the state (or had another state_key).",
+                    stacklevel=2,
+                )
+        for key in sorted(set(states) - set(keyed)):
+            warnings.warn(
+                f"The training state holds a state for the callback {key!r}, but no callback of "
+                f"this run has that state_key, so it was not restored. Pass that callback to the "
+                f"Trainer again to restore it.",
+                stacklevel=2,
+            )
+
+    def _check_event_name(self, event: str) -> None:
+        if not event.startswith("on_") or not event.isidentifier():
+            raise ValueError(f"Event names must be identifiers starting with 'on_', got {event!r}.")
+
+    def _check_hooks(self, callback: TrainerCallback) -> None:
+        known = set(TRAINER_EVENTS) | self._custom_events
+        for name in dir(type(callback)):
+            if not name.startswith("on_") or name in known:
+                continue
+            if not callable(getattr(type(callback), name)):
+                continue
+            suggestion = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" Did you mean {suggestion[0]!r}?" if suggestion else ""
+            raise ValueError(
+                f"{type(callback).__name__}.{name} is not a Trainer event, so it would never be "
+                f"called.{hint} For a custom event fired with callback_handler.call_event, list it "
+                f"in the callback's custom_events, e.g. custom_events = ({name!r},)."
+            )
+
+
+_POSITIONAL_KEY = re.compile(r"^(\d+):(.+)$")
+
+
+def _keys_from_positions(states: Mapping[str, Any], keyed: Mapping[str, TrainerCallback]) -> dict[str, Any]:
+    """Map keys of the older positional scheme ("<index>:<class name>") onto state keys: the
+    n-th saved state of a class goes to the n-th stateful callback of that class."""
+    positional = sorted(
+        (int(match.group(1)), match.group(2), state)
+        for key, state in states.items()
+        if (match := _POSITIONAL_KEY.match(key))
+    )
+    if not positional:
+        return dict(states)
+    by_class: dict[str, list[str]] = {}
+    for key, callback in keyed.items():
+        by_class.setdefault(type(callback).__name__, []).append(key)
+    converted: dict[str, Any] = {key: state for key, state in states.items() if not _POSITIONAL_KEY.match(key)}
+    for index, class_name, state in positional:
+        keys = by_class.get(class_name)
+        converted[keys.pop(0) if keys else f"{index}:{class_name}"] = state
+    return converted
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11's traceback printing would look for it
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]

@@ -1,0 +1,11 @@
+"""Checkpoints: what is written to disk and read back, in three layers.
+
+- :mod:`.files`: single files: values made safe to load, atomic writes, loading that never
+  runs code from the file (``weights_only=True``). Knows nothing of the Trainer.
+- :mod:`.state_dirs`: training-state directories: their layout, manifest, atomic
+  publication, discovery of the newest complete one, and RNG capture. Knows nothing of the
+  Trainer.
+- :mod:`.trainer_io`: the Trainer's ``save_checkpoint`` / ``load_checkpoint`` /
+  ``save_training_state`` / ``load_training_state``, built on the two above through the
+  Trainer's public attributes only.
+"""

@@ -1,0 +1,149 @@
+"""The shape of the package: sizes, layering, no reaching into private names, the module map.
+
+These read the source (the AST), so the house cannot drift from what docs/architecture says.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import pytorch_accelerated
+
+PACKAGE = Path(pytorch_accelerated.__file__).parent
+MODULES = sorted(PACKAGE.rglob("*.py"))
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 40
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def function_length(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from ``def`` to the end of the body, not counting the docstring."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        docstring = body[0]
+        length = (node.end_lineno or 0) - node.lineno + 1
+        return length - ((docstring.end_lineno or 0) - docstring.lineno + 1)
+    return (node.end_lineno or 0) - node.lineno + 1
+
+
+@pytest.mark.parametrize("path", MODULES, ids=module_name)
+def test_every_module_is_at_most_800_lines(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= MAX_MODULE_LINES
+
+
+def test_every_function_is_at_most_40_lines_besides_its_docstring() -> None:
+    too_long = [
+        f"{module_name(path)}.{node.name} ({function_length(node)} lines)"
+        for path in MODULES
+        for node in ast.walk(parse(path))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_length(node) > MAX_FUNCTION_LINES
+    ]
+    assert too_long == []
+
+
+def test_no_two_modules_of_the_package_share_a_file_name() -> None:
+    names = Counter(path.name for path in MODULES if path.name != "__init__.py")
+    assert [name for name, count in names.items() if count > 1] == []
+
+
+def _imports_outside_type_checking(tree: ast.Module) -> list[ast.ImportFrom | ast.Import]:
+    imports: list[ast.ImportFrom | ast.Import] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                imports.append(child)
+            visit(child)
+
+    visit(tree)
+    return imports
+
+
+def _imported_modules(path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - node.level + 1] if node.level else []
+    target = ".".join([*base, *([node.module] if node.module else [])])
+    return [target, *(f"{target}.{alias.name}" for alias in node.names)]
+
+
+def test_only_the_package_entry_point_imports_the_trainer_at_run_time() -> None:
+    importers = [
+        module_name(path)
+        for path in MODULES
+        for node in _imports_outside_type_checking(parse(path))
+        if "pytorch_accelerated.trainer" in _imported_modules(path, node)
+    ]
+    assert importers == ["pytorch_accelerated"]
+
+
+def test_lower_layers_do_not_import_upper_ones() -> None:
+    # trainer -> callbacks -> checkpoints / schedulers / data -> small helpers
+    forbidden = {
+        "pytorch_accelerated.checkpoints": ("pytorch_accelerated.callbacks", "pytorch_accelerated.schedulers"),
+        "pytorch_accelerated.schedulers": ("pytorch_accelerated.callbacks", "pytorch_accelerated.checkpoints"),
+        "pytorch_accelerated._internal": (
+            "pytorch_accelerated.callbacks",
+            "pytorch_accelerated.checkpoints",
+            "pytorch_accelerated.schedulers",
+        ),
+    }
+    crossings = []
+    for path in MODULES:
+        name = module_name(path)
+        for lower, upper in forbidden.items():
+            if not name.startswith(lower):
+                continue
+            for node in _imports_outside_type_checking(parse(path)):
+                crossings += [f"{name} imports {target}" for target in _imported_modules(path, node) if target.startswith(upper)]
+    assert crossings == []
+
+
+def test_no_module_reaches_into_private_names_of_the_trainer_or_other_modules() -> None:
+    reaching = []
+    for path in MODULES:
+        tree = parse(path)
+        for node in ast.walk(tree):
+            # trainer._anything, outside the Trainer's own module
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "trainer"
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                reaching.append(f"{module_name(path)}:{node.lineno} trainer.{node.attr}")
+            # from .module import _private
+            if isinstance(node, ast.ImportFrom) and node.level:
+                reaching += [
+                    f"{module_name(path)}:{node.lineno} imports {alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    assert reaching == []
+
+
+def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
+    docstring = pytorch_accelerated.__doc__ or ""
+    top_level = {path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
+    subpackages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    missing = sorted(name for name in top_level | subpackages if not re.search(rf"\b{re.escape(name)}\b", docstring))
+    assert missing == []
