@@ -41,16 +41,27 @@ class IndexedDataset(Dataset):
         return x, y, index
 
 
-class EventRecorder(TrainerCallback):
-    """Records the name of every event it receives into a shared list."""
+#: What the recorders write into ``positions``: (progress.epoch, progress.global_step, event).
+Position = tuple[int, int, str]
 
-    def __init__(self, log: list[str]) -> None:
+
+class EventRecorder(TrainerCallback):
+    """Records the name of every event it receives into ``log`` and, when given ``positions``,
+    ``(trainer.progress.epoch, trainer.progress.global_step, event)`` into it."""
+
+    def __init__(self, log: list[str], positions: list[Position] | None = None) -> None:
         self.log = log
+        self.positions = positions
+
+    def record(self, trainer: Any, event: str) -> None:
+        self.log.append(event)
+        if self.positions is not None:
+            self.positions.append((trainer.progress.epoch, trainer.progress.global_step, event))
 
 
 def _make_recording_hook(event: str) -> Any:
     def hook(self: EventRecorder, trainer: Any, **kwargs: Any) -> None:
-        self.log.append(event)
+        self.record(trainer, event)
 
     return hook
 
@@ -60,49 +71,58 @@ for _event in TRAINER_EVENTS:
 
 
 class RecordingTrainer(Trainer):
-    """A Trainer that records each overridable ML step into the same list as the callback."""
+    """A Trainer that records each overridable ML step into the same lists as the callback."""
 
-    def __init__(self, *args: Any, log: list[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, log: list[str], positions: list[Position] | None = None, **kwargs: Any) -> None:
         self.log = log
+        self.positions = positions
         super().__init__(*args, **kwargs)
 
+    def record(self, step: str) -> None:
+        self.log.append(step)
+        if self.positions is not None:
+            self.positions.append((self.progress.epoch, self.progress.global_step, step))
+
     def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
-        self.log.append("calculate_train_batch_loss")
+        self.record("calculate_train_batch_loss")
         return super().calculate_train_batch_loss(batch)
 
     def backward_step(self, loss: torch.Tensor) -> None:
-        self.log.append("backward_step")
+        self.record("backward_step")
         super().backward_step(loss)
 
     def _clip_gradients(self) -> None:
-        self.log.append("_clip_gradients")
+        self.record("_clip_gradients")
         super()._clip_gradients()
 
     def optimizer_step(self) -> None:
-        self.log.append("optimizer_step")
+        self.record("optimizer_step")
         super().optimizer_step()
 
     def scheduler_step(self) -> None:
-        self.log.append("scheduler_step")
+        self.record("scheduler_step")
         super().scheduler_step()
 
     def optimizer_zero_grad(self) -> None:
-        self.log.append("optimizer_zero_grad")
+        self.record("optimizer_zero_grad")
         super().optimizer_zero_grad()
 
     def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
-        self.log.append("calculate_eval_batch_loss")
+        self.record("calculate_eval_batch_loss")
         return super().calculate_eval_batch_loss(batch)
 
 
-def make_recording_trainer(log: list[str], extra_callbacks: tuple = (), **kwargs: Any) -> RecordingTrainer:
+def make_recording_trainer(
+    log: list[str], extra_callbacks: tuple = (), positions: list[Position] | None = None, **kwargs: Any
+) -> RecordingTrainer:
     model = make_linear_model()
     return RecordingTrainer(
         model,
         nn.MSELoss(),
         torch.optim.SGD(model.parameters(), lr=0.01),
-        callbacks=(EventRecorder(log), *extra_callbacks),
+        callbacks=(EventRecorder(log, positions), *extra_callbacks),
         log=log,
+        positions=positions,
         **kwargs,
     )
 

@@ -137,3 +137,94 @@ def test_evaluate_fires_evaluation_run_events_around_one_eval_epoch() -> None:
 
     assert log == ["on_init_end", "on_evaluation_run_start", *eval_epoch(3), "on_evaluation_run_end"]
     assert set(metrics) == {"evaluation_loss"}
+
+
+# ---------------------------------------------------------------------------- positions
+# The recorder also writes (progress.epoch, progress.global_step, event): where in the run each
+# event and ML step happens, so the counters a callback reads are pinned as well as the order.
+
+
+def positioned(epoch: int, global_step: int, names: list[str]) -> list[tuple[int, int, str]]:
+    return [(epoch, global_step, name) for name in names]
+
+
+def updating_batch(epoch: int, steps_before: int) -> list[tuple[int, int, str]]:
+    before = train_batch(update=True)[:-1]
+    return [*positioned(epoch, steps_before, before), (epoch, steps_before + 1, "on_train_step_end")]
+
+
+def test_every_event_sees_the_epoch_and_global_step_it_fires_at() -> None:
+    log: list[str] = []
+    positions: list[tuple[int, int, str]] = []
+    trainer = make_recording_trainer(log, positions=positions)
+    trainer.train(make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+
+    def epoch(number: int) -> list[tuple[int, int, str]]:
+        first, last = 2 * number, 2 * number + 2
+        return [
+            (number, first, "on_train_epoch_start"),
+            *updating_batch(number, first),
+            *updating_batch(number, first + 1),
+            *positioned(number, last, ["on_train_epoch_end", *eval_epoch(1), "on_training_run_epoch_end"]),
+        ]
+
+    assert positions == [
+        (0, 0, "on_init_end"),
+        (0, 0, "on_training_run_start"),
+        *epoch(0),
+        *epoch(1),
+        (2, 4, "on_training_run_end"),
+    ]
+
+
+def test_accumulating_batches_leave_the_global_step_until_the_window_completes() -> None:
+    positions: list[tuple[int, int, str]] = []
+    trainer = make_recording_trainer([], positions=positions)
+    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+
+    step_ends = [(epoch, step) for epoch, step, event in positions if event == "on_train_step_end"]
+    assert step_ends == [(0, 0), (0, 1), (0, 1), (0, 2), (0, 3)]
+    assert positions[-1] == (1, 3, "on_training_run_end")
+
+
+def test_stop_and_exception_events_fire_where_the_run_stopped() -> None:
+    stopped: list[tuple[int, int, str]] = []
+    make_recording_trainer([], positions=stopped, extra_callbacks=(StopAtSecondStep(),)).train(
+        make_regression_data(10), num_epochs=3, per_device_batch_size=2
+    )
+    assert stopped[-2:] == [(0, 2, "on_stop_training_error"), (0, 2, "on_training_run_end")]
+
+    failed: list[tuple[int, int, str]] = []
+    with pytest.raises(KeyError):
+        make_recording_trainer([], positions=failed, extra_callbacks=(FailingCallback(),)).train(
+            make_regression_data(4), num_epochs=2, per_device_batch_size=2
+        )
+    assert failed[-2:] == [(0, 2, "on_train_epoch_end"), (0, 2, "on_exception")]
+
+
+def test_evaluate_fires_its_events_at_the_position_of_the_last_run() -> None:
+    positions: list[tuple[int, int, str]] = []
+    trainer = make_recording_trainer([], positions=positions)
+    trainer.train(make_regression_data(4), num_epochs=1, per_device_batch_size=2)
+    del positions[:]
+    trainer.evaluate(make_regression_data(5), per_device_batch_size=2)
+
+    assert positions == positioned(1, 2, ["on_evaluation_run_start", *eval_epoch(3), "on_evaluation_run_end"])
+
+
+class RecordUpdateSteps(TrainerCallback):
+    def __init__(self) -> None:
+        self.flags: list[bool] = []
+
+    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+        self.flags.append(is_update_step)
+
+
+def test_on_train_step_end_is_told_which_batches_complete_an_update() -> None:
+    recorder = RecordUpdateSteps()
+    trainer = make_recording_trainer([], extra_callbacks=(recorder,))
+    # 5 batches per epoch with 2 per update: windows [0, 1], [2, 3], [4]; two epochs.
+    trainer.train(make_regression_data(10), num_epochs=2, per_device_batch_size=2, gradient_accumulation_steps=2)
+
+    assert recorder.flags == [False, True, False, True, True] * 2
+    assert trainer.progress.global_step == recorder.flags.count(True)
