@@ -20,7 +20,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 
 class _Expression:
@@ -39,7 +42,7 @@ class _Expression:
     __rmul__ = __mul__
     __radd__ = __add__
 
-    def resolve(self, trainer: Any) -> Any:
+    def resolve(self, trainer: Trainer) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
             if is_placeholder(operand):
@@ -51,16 +54,16 @@ class _Expression:
         return str(self.placeholder) + "".join(f" {op} {operand!r}" for op, operand in self.ops)
 
 
-def _train_dataloader_len(trainer: Any) -> int:
+def _train_dataloader_len(trainer: Trainer) -> int:
     return len(trainer.train_dataloader)
 
 
-def _eval_dataloader_len(trainer: Any) -> int:
+def _eval_dataloader_len(trainer: Trainer) -> int:
     return len(trainer.eval_dataloader)
 
 
 def _run_config_field(name: str) -> Callable[[Any], Any]:
-    def get(trainer: Any) -> Any:
+    def get(trainer: Trainer) -> Any:
         return getattr(trainer.run_config, name)
 
     return get
@@ -91,7 +94,7 @@ class TrainerPlaceholderValues(Enum):
     TRAIN_DATALOADER_LEN = "train_dataloader_len"
     EVAL_DATALOADER_LEN = "eval_dataloader_len"
 
-    def resolve(self, trainer: Any) -> Any:
+    def resolve(self, trainer: Trainer) -> Any:
         """Return this placeholder's value for ``trainer``'s current run."""
         return _RESOLVERS[self.name](trainer)
 
@@ -109,7 +112,7 @@ def is_placeholder(value: Any) -> bool:
     return isinstance(value, (TrainerPlaceholderValues, _Expression))
 
 
-def replace_trainer_placeholder_values(trainer: Any, instance: Any) -> Any:
+def replace_trainer_placeholder_values(trainer: Trainer, instance: Any) -> Any:
     """Return ``instance`` with every placeholder argument replaced by its value for ``trainer``.
 
     ``instance`` is a ``functools.partial`` (placeholders may be positional or keyword

@@ -8,12 +8,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .tracking import LossTracker
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
+
     from ._internal.accumulation import WindowWeighting
     from .data import ReproducibleShuffleSampler
 
@@ -53,6 +56,50 @@ class TrainerRunConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def for_run(
+        cls,
+        accelerator: Accelerator,
+        *,
+        num_batches_per_epoch: int,
+        per_device_batch_size: int,
+        num_epochs: int,
+        gradient_accumulation_steps: int,
+        max_num_train_steps: int | None,
+        gradient_clip_value: float | None,
+        max_grad_norm: float | None,
+        train_dl_kwargs: dict[str, Any] | None,
+        eval_dl_kwargs: dict[str, Any] | None,
+        seed: int | None,
+    ) -> TrainerRunConfig:
+        """The config of a run with these settings, on ``accelerator``'s processes, over a
+        training loader of ``num_batches_per_epoch`` batches per process."""
+        steps_per_epoch = math.ceil(num_batches_per_epoch / gradient_accumulation_steps)
+        if max_num_train_steps is not None:
+            num_epochs = math.ceil(max_num_train_steps / steps_per_epoch)
+        processes = accelerator.num_processes
+        return cls(
+            num_epochs=num_epochs,
+            train_per_device_batch_size=per_device_batch_size,
+            train_dl_kwargs=dict(train_dl_kwargs or {}),
+            eval_per_device_batch_size=per_device_batch_size,
+            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            train_total_batch_size=per_device_batch_size * processes * gradient_accumulation_steps,
+            eval_total_batch_size=per_device_batch_size * processes,
+            num_update_steps_per_epoch=steps_per_epoch,
+            num_local_update_steps_per_epoch=steps_per_epoch,
+            max_num_train_steps=max_num_train_steps,
+            is_local_process_zero=accelerator.is_local_main_process,
+            is_world_process_zero=accelerator.is_main_process,
+            is_distributed=processes > 1,
+            mixed_precision=str(accelerator.mixed_precision),
+            num_processes=processes,
+            max_grad_norm=max_grad_norm,
+            seed=seed,
+        )
+
 
 @dataclass
 class RunProgress:
@@ -85,7 +132,7 @@ class RunProgress:
 
 @dataclass
 class RunState:
-    """The loop's own working state during one ``train()`` or ``evaluate()``; created afresh by each.
+    """The loop's own working state during a run; each ``train()`` starts a new one.
 
     Not meant to be changed from outside the Trainer; training states save it through
     :meth:`state_dict` (what every process shares) and :meth:`process_state_dict` (what is

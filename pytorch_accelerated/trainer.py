@@ -8,10 +8,10 @@ and pinned by tests/test_event_order.py.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -202,25 +202,47 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             "gradient_clip_value": gradient_clip_value,
             "max_grad_norm": max_grad_norm,
         }
-        check_train_arguments(optimizer=self.optimizer, **settings)
-        self._start_run(train_dataset, eval_dataset, collate_fn, seed, reset_run_history)
+        check_train_arguments(optimizer=self.optimizer, train_dataset=train_dataset, eval_dataset=eval_dataset, **settings)
+        set_up = functools.partial(
+            self._set_up_training,
+            settings,
+            datasets=(train_dataset, eval_dataset),
+            dataloader_kwargs=(train_dataloader_kwargs, eval_dataloader_kwargs),
+            create_scheduler_fn=create_scheduler_fn,
+            collate_fn=collate_fn,
+            seed=seed,
+            reset_run_history=reset_run_history,
+            resume_from=resume_from,
+        )
+        self._run_guarded(set_up, self._run_training, end="training_run_end", stopped="Training stopped")
+
+    def _set_up_training(
+        self,
+        settings: dict[str, Any],
+        datasets: tuple[Any, Any],
+        dataloader_kwargs: tuple[dict[str, Any] | None, dict[str, Any] | None],
+        create_scheduler_fn: Callable[..., Any] | None,
+        collate_fn: Callable[..., Any] | None,
+        seed: int | None,
+        reset_run_history: bool,
+        resume_from: str | os.PathLike | None,
+    ) -> None:
+        """Everything before the run starts: loaders, preparation, run config, scheduler, resume."""
+        self._start_run(datasets, collate_fn, seed, reset_run_history)
         self.create_scheduler_fn = create_scheduler_fn
-        self._create_dataloaders(per_device_batch_size, train_dataloader_kwargs, eval_dataloader_kwargs)
+        self._create_dataloaders(settings["per_device_batch_size"], *dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
         self.run_config = self._create_run_config(
-            **settings, train_dl_kwargs=train_dataloader_kwargs, eval_dl_kwargs=eval_dataloader_kwargs
+            **settings, train_dl_kwargs=dataloader_kwargs[0], eval_dl_kwargs=dataloader_kwargs[1]
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self.run_state.window = WindowWeighting(self._accelerator, per_device_batch_size)
+        self.run_state.window = WindowWeighting(self._accelerator, settings["per_device_batch_size"])
         if resume_from is not None:
             trainer_io.load_training_state(self, resume_from, resuming=True)
-        self._run_training()
 
-    def _start_run(self, train_dataset: Any, eval_dataset: Any, collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
-        check_dataset(train_dataset, "train_dataset")
-        if eval_dataset is not None:
-            check_dataset(eval_dataset, "eval_dataset")
-        self.train_dataset, self.eval_dataset, self.collate_fn = train_dataset, eval_dataset, collate_fn
+    def _start_run(self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
+        self.train_dataset, self.eval_dataset = datasets
+        self.collate_fn = collate_fn
         self._eval_dataloader = None
         self._set_seed(seed)
         if reset_run_history:
@@ -262,19 +284,24 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             raise ValueError("evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset.")
         check_whole_number(per_device_batch_size, "per_device_batch_size")
         check_dataset(dataset, "dataset")
-        self.eval_dataset = dataset
-        if collate_fn is not None:
-            self.collate_fn = collate_fn
-        self._set_seed(seed)
-        self._eval_dataloader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
-        self._prepare_model_optimizer_and_dataloaders()
         recorded_before = self._metric_counts()
-        self._run_guarded(self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped")
+        set_up = functools.partial(self._set_up_evaluation, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
+        self._run_guarded(set_up, self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped")
         return {
             name: self.run_history.get_latest_metric(name)
             for name, count in self._metric_counts().items()
             if count > recorded_before.get(name, 0)
         }
+
+    def _set_up_evaluation(
+        self, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any, seed: int | None
+    ) -> None:
+        self.eval_dataset = dataset
+        if collate_fn is not None:
+            self.collate_fn = collate_fn
+        self._set_seed(seed)
+        self._eval_dataloader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
+        self._prepare_model_optimizer_and_dataloaders()
 
     def _run_evaluation(self) -> None:
         self._run_method_then_event("evaluation_run_start")
@@ -383,29 +410,17 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         max_grad_norm: float | None = None,
     ) -> TrainerRunConfig:
         """Return the frozen :class:`TrainerRunConfig` for this run."""
-        steps_per_epoch = math.ceil(len(self._train_dataloader) / gradient_accumulation_steps)
-        if max_num_train_steps is not None:
-            num_epochs = math.ceil(max_num_train_steps / steps_per_epoch)
-        processes = self._accelerator.num_processes
-        return TrainerRunConfig(
+        return TrainerRunConfig.for_run(
+            self._accelerator,
+            num_batches_per_epoch=len(self._train_dataloader),
+            per_device_batch_size=per_device_batch_size,
             num_epochs=num_epochs,
-            train_per_device_batch_size=per_device_batch_size,
-            train_dl_kwargs=dict(train_dl_kwargs or {}),
-            eval_per_device_batch_size=per_device_batch_size,
-            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
             gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_clip_value=gradient_clip_value,
-            train_total_batch_size=per_device_batch_size * processes * gradient_accumulation_steps,
-            eval_total_batch_size=per_device_batch_size * processes,
-            num_update_steps_per_epoch=steps_per_epoch,
-            num_local_update_steps_per_epoch=steps_per_epoch,
             max_num_train_steps=max_num_train_steps,
-            is_local_process_zero=self._accelerator.is_local_main_process,
-            is_world_process_zero=self._accelerator.is_main_process,
-            is_distributed=processes > 1,
-            mixed_precision=str(self._accelerator.mixed_precision),
-            num_processes=processes,
+            gradient_clip_value=gradient_clip_value,
             max_grad_norm=max_grad_norm,
+            train_dl_kwargs=train_dl_kwargs,
+            eval_dl_kwargs=eval_dl_kwargs,
             seed=self._seed,
         )
 
@@ -420,45 +435,50 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         getattr(self, name)()
         self.callback_handler.call_event(f"on_{name}", self, **event_kwargs)
 
-    def _run_guarded(self, body: Callable[[], None], end: str, stopped: str) -> None:
-        """Run ``body``, then the end hook ``end`` and its event, whatever happens in between.
+    def _run_guarded(self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str) -> None:
+        """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
 
-        A :class:`StopTrainingError` ends ``body`` cleanly (``on_stop_training_error``, then the
-        end hooks). Any other exception fires ``on_exception`` and reaches the caller unchanged.
+        Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
+        any other exception reaches the caller as it is. From ``body`` on, a ``StopTrainingError``
+        ends it cleanly (``on_stop_training_error``, then the end hooks) and any other exception
+        fires ``on_exception``, then reaches the caller unchanged.
         """
         try:
-            body()
+            set_up()
         except StopTrainingError as error:
-            self.print(f"{stopped}: {error}")
-            self._run_end_event("on_stop_training_error")
+            self.print(f"{stopped} before it started: {error}")
+            return
+        with self._announcing_failures():
+            try:
+                body()
+            except StopTrainingError as error:
+                self.print(f"{stopped}: {error}")
+                self._run_end_event("on_stop_training_error")
+            self._run_end_event(end)
+
+    @contextmanager
+    def _announcing_failures(self) -> Iterator[None]:
+        try:
+            yield
+        except StopTrainingError:
+            raise
         except BaseException as error:
             self.callback_handler.call_exception_event(self, error)
             raise
-        self._run_end_event(end)
 
     def _run_end_event(self, name: str) -> None:
-        """Run the end hook ``name`` (an overridable method, if there is one) and its event.
-
-        A :class:`StopTrainingError` raised in it skips the rest of it; any other exception fires
-        ``on_exception`` and reaches the caller unchanged.
-        """
+        """Run the end hook ``name`` (an overridable method, if there is one) and its event; a
+        :class:`StopTrainingError` raised in it skips the rest of it."""
         try:
             if not name.startswith("on_"):
                 getattr(self, name)()
             self.callback_handler.call_event(name if name.startswith("on_") else f"on_{name}", self)
         except StopTrainingError as error:
             self.print(f"Stopped during {name}: {error}")
-        except BaseException as error:
-            if name != "on_init_end":
-                self.callback_handler.call_exception_event(self, error)
-            raise
 
     def _run_training(self) -> None:
-        """Run every epoch: train, evaluate, ``training_run_epoch_end``; stop early on
-        ``max_num_train_steps`` or a ``StopTrainingError``."""
-        self._run_guarded(self._run_epochs, end="training_run_end", stopped="Training stopped")
-
-    def _run_epochs(self) -> None:
+        """Start the run, then run every epoch: train, evaluate, ``training_run_epoch_end``, until
+        ``num_epochs`` or ``max_num_train_steps``. (``train()`` handles stops and failures.)"""
         self._run_method_then_event("training_run_start")
         trainer_io.apply_pending_resume(self)
         while self.progress.epoch < self._config().num_epochs:
@@ -472,10 +492,12 @@ class Trainer(ProcessUtilities, CheckpointMethods):
     def _end_epoch(self) -> None:
         # A training state saved during the epoch-end event resumes at the next epoch.
         self.run_state.epoch_finished = True
-        self._run_method_then_event("training_run_epoch_end")
-        self.progress.start_next_epoch()
-        self.run_state.epoch_finished = False
-        self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
+        try:
+            self._run_method_then_event("training_run_epoch_end")
+        finally:  # also when a callback stops the run here (early stopping): the epoch is done
+            self.progress.start_next_epoch()
+            self.run_state.epoch_finished = False
+            self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
 
     def _config(self) -> TrainerRunConfig:
         if self.run_config is None:

@@ -344,3 +344,33 @@ def test_sigterm_after_a_failed_run_terminates_the_process(tmp_path: Path) -> No
     assert "train() raised" in result.stdout, result.stderr
     assert "SIGTERM was ignored" not in result.stdout
     assert result.returncode == -signal.SIGTERM
+
+
+class EvaluatesInsideTheRun(TrainerCallback):
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.evaluate(make_regression_data(4), per_device_batch_size=2)
+
+
+def test_an_exception_passing_through_a_nested_evaluate_fires_on_exception_once() -> None:
+    recorder = RecordException()
+    trainer = make_trainer((EvaluatesInsideTheRun(), recorder, raising_at("on_eval_step_end", Boom("nested"))))
+    with pytest.raises(Boom):
+        train(trainer)
+    assert len(recorder.exceptions) == 1
+
+
+@pytest.mark.parametrize("method", ["create_train_dataloader", "create_scheduler", "_create_run_config"])
+def test_a_stop_while_setting_up_ends_train_before_it_starts_with_no_event(method: str) -> None:
+    log: list[str] = []
+    trainer = make_trainer((EventRecorder(log),), trainer_raising_in(method, StopTrainingError("not today")))
+    trainer.train(make_regression_data(8), num_epochs=1, create_scheduler_fn=lambda optimizer: None)
+
+    assert log == ["on_init_end"] and trainer.progress.global_step == 0
+
+
+def test_a_failure_while_setting_up_fires_no_event_since_nothing_started() -> None:
+    log: list[str] = []
+    trainer = make_trainer((EventRecorder(log),), trainer_raising_in("create_train_dataloader", Boom("no loader")))
+    with pytest.raises(Boom):
+        train(trainer)
+    assert log == ["on_init_end"]

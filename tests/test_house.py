@@ -1,6 +1,7 @@
 """The shape of the package: sizes, layering, no reaching into private names, the module map.
 
-These read the source (the AST), so the house cannot drift from what docs/architecture says.
+These read the source (the AST), so the house cannot drift from the module map in the package
+docstring and "Where things live" in docs/inside-the-trainer.md.
 """
 
 from __future__ import annotations
@@ -147,3 +148,8 @@ def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
     subpackages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     missing = sorted(name for name in top_level | subpackages if not re.search(rf"\b{re.escape(name)}\b", docstring))
     assert missing == []
+
+
+def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it() -> None:
+    folders = {path.parent for path in MODULES}
+    assert sorted(str(folder.relative_to(PACKAGE)) for folder in folders if not (folder / "__init__.py").exists()) == []

@@ -62,6 +62,8 @@ def check_positive_number(value: Any, name: str) -> None:
 def check_train_arguments(
     *,
     optimizer: Any,
+    train_dataset: Any,
+    eval_dataset: Any,
     num_epochs: Any,
     per_device_batch_size: Any,
     max_num_train_steps: Any,
@@ -80,6 +82,9 @@ def check_train_arguments(
     check_whole_number(max_num_train_steps, "max_num_train_steps", optional=True)
     check_positive_number(gradient_clip_value, "gradient_clip_value")
     check_positive_number(max_grad_norm, "max_grad_norm")
+    check_dataset(train_dataset, "train_dataset")
+    if eval_dataset is not None:
+        check_dataset(eval_dataset, "eval_dataset")
 
 
 def check_dataset(dataset: Any, name: str) -> None:

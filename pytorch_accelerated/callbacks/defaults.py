@@ -157,9 +157,7 @@ class ProgressBarCallback(TrainerCallback):
             self.train_bar.set_postfix(postfix, refresh=False)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        if self.train_bar is not None:
-            self.train_bar.close()
-        self.train_bar = None
+        self._close(training=True)
 
     def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         self.eval_bar = self._open(trainer, trainer.eval_dataloader, "eval", position=1 if self.train_bar is not None else 0)
@@ -171,25 +169,25 @@ class ProgressBarCallback(TrainerCallback):
             self.eval_bar.update(1)
 
     def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
-        if self.eval_bar is not None:
-            self.eval_bar.close()
-        self.eval_bar = None
+        self._close(evaluation=True)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # A stopped run skips the epoch-end events: close whatever is still open.
-        self._close_bars()
+        self._close(training=True, evaluation=True)
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._close_bars()
+        self._close(evaluation=True)  # a stop skips on_eval_epoch_end
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self._close_bars()
+        self._close(training=True, evaluation=True)
 
-    def _close_bars(self) -> None:
-        for bar in (self.train_bar, self.eval_bar):
-            if bar is not None:
-                bar.close()
-        self.train_bar = self.eval_bar = None
+    def _close(self, training: bool = False, evaluation: bool = False) -> None:
+        if training and self.train_bar is not None:
+            self.train_bar.close()
+            self.train_bar = None
+        if evaluation and self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
 
 
 class LogMetricsCallback(TrainerCallback):

@@ -103,5 +103,13 @@ class LimitEvalStepsCallback(TrainerCallback):
     def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
+    # A stop skips on_eval_epoch_end, and a failure every end event: restore the loader there too.
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)

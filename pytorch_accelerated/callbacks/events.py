@@ -228,8 +228,15 @@ class CallbackHandler:
         """Call ``on_exception`` on every callback, even when one of them raises.
 
         What a callback raises here is added as a note to ``exception``, which the caller then
-        re-raises unchanged.
+        re-raises unchanged. An exception is announced once, even when it passes through a
+        nested ``evaluate()`` and then ``train()``.
         """
+        if getattr(exception, "_pytorch_accelerated_announced", False):
+            return
+        try:
+            exception._pytorch_accelerated_announced = True  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type with __slots__: announce it every time
+            pass
         for callback, method in self._dispatch.get("on_exception") or self._build_dispatch("on_exception"):
             try:
                 method(trainer, exception=exception)

@@ -79,7 +79,7 @@ class LimitBatchesCallback(TrainerCallback):
         self._restore(trainer)
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._restore(trainer)
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)  # a stop skipped on_eval_epoch_end
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         self._restore(trainer)
