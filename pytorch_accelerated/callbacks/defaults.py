@@ -55,14 +55,7 @@ class TerminateOnNaNCallback(TrainerCallback):
         self._unchecked_losses = []
 
     def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
+        self, trainer: Trainer, batch: Any = None, batch_output: dict[str, Any] | None = None, *args: Any, **kwargs: Any
     ) -> None:
         if batch_output is not None:
             self._unchecked_losses.append(batch_output["loss"].detach())
@@ -140,16 +133,7 @@ class ProgressBarCallback(TrainerCallback):
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.train_bar = self._open(trainer, trainer.train_dataloader, "train", position=0)
 
-    def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if self.train_bar is not None and self.train_bar.update(1):
             postfix = {"loss": f"{trainer.running_loss:.4g}"}
             if trainer.optimizer is not None:

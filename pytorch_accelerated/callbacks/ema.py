@@ -26,8 +26,9 @@ class ModelEmaCallback(MetricWatchingCallback):
     - At ``on_training_run_start`` an EMA copy of the unwrapped model is made on
       ``trainer.device`` (``model_ema(model, decay=decay)``); it is :attr:`ema_model`, and the
       averaged network itself is ``ema_model.module``.
-    - After every optimizer update (``on_train_step_end`` with ``is_update_step``) it is updated: ``ema = decay * ema + (1 - decay) * weights``. Batches that only
-      accumulate gradients do not update it.
+    - After every optimizer update (``on_train_step_end`` with ``is_update_step``) it is
+      updated: ``ema = decay * ema + (1 - decay) * weights``. Batches that only accumulate
+      gradients do not update it.
     - After each end-of-epoch evaluation, when ``evaluate_during_training``, the EMA weights are
       evaluated on the same data with ``trainer.run_eval_epoch``, with every metric recorded
       under the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``, and e.g.
@@ -107,16 +108,7 @@ class ModelEmaCallback(MetricWatchingCallback):
             self._pending_ema_state = None
         self._in_training_run, self._pending_intermediate = True, False
 
-    def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if self.ema_model is not None and is_update_step:
             self.ema_model.update(trainer.model)
         self._run_pending_intermediate(trainer)

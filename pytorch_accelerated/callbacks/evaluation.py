@@ -54,16 +54,7 @@ class StepBasedEvaluationCallback(TrainerCallback):
                 "evaluation set. Pass train(..., eval_dataset=...) or remove the callback."
             )
 
-    def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         global_step = trainer.progress.global_step
         # With gradient accumulation most batches end without an update: evaluate only after one.
         if is_update_step and global_step % self.eval_every_n_steps == 0:

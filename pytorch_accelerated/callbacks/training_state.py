@@ -98,16 +98,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ saving
 
-    def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if not is_update_step:  # inside an accumulation window: nothing to save
             return
         global_step = trainer.progress.global_step

@@ -82,16 +82,7 @@ class WSDCheckpointCallback(TrainerCallback):
         self._initial_checkpoint_loaded = True
         trainer.print(f"Continuing from {str(self.initial_checkpoint)!r} at scheduler step {scheduler.num_updates}")
 
-    def on_train_step_end(
-        self,
-        trainer: Trainer,
-        batch: Any = None,
-        batch_output: dict[str, Any] | None = None,
-        step: int | None = None,
-        *,
-        is_update_step: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if is_update_step:  # not when only accumulating
             self._save_if_due(trainer, trainer.scheduler.num_updates)
 
