@@ -18,8 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from accelerate import Accelerator
 from accelerate.utils import send_to_device
 from torch.utils.data import Dataset, Sampler
+
+from ._internal.accelerate_support import needs_preparing
 
 
 class ReproducibleShuffleSampler(Sampler[int]):
@@ -103,6 +106,16 @@ class DeviceDataLoader:
             yield send_to_device(batch, self.device, non_blocking=self.non_blocking)
 
 
+def prepare_eval_dataloader(accelerator: Accelerator, dataloader: Any) -> Any:
+    """Prepare an evaluation loader; one already split across processes (by a
+    :class:`ShardedEvalBatchSampler`) is only moved to the device."""
+    if not needs_preparing(dataloader):
+        return dataloader
+    if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
+        return DeviceDataLoader(dataloader, accelerator.device)
+    return accelerator.prepare(dataloader)
+
+
 def is_map_style(dataset: Any) -> bool:
     return isinstance(dataset, Dataset) and hasattr(dataset, "__len__") and not isinstance(
         dataset, torch.utils.data.IterableDataset
@@ -151,6 +164,16 @@ def default_num_workers(dataset: Any, batch_size: int, device: torch.device, loc
         return 0
     cpus = os.cpu_count() or 1
     return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
+
+
+def shard_evaluation(
+    kwargs: dict[str, Any], num_samples: int, batch_size: int, num_processes: int, process_index: int
+) -> dict[str, Any]:
+    """``kwargs`` with a :class:`ShardedEvalBatchSampler` in place of batch size, shuffle and
+    drop_last: every process gets its own share of the samples, each once, in equal batch counts."""
+    kwargs = {key: value for key, value in kwargs.items() if key not in ("batch_size", "shuffle", "drop_last")}
+    kwargs["batch_sampler"] = ShardedEvalBatchSampler(num_samples, batch_size, num_processes, process_index)
+    return kwargs
 
 
 def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:

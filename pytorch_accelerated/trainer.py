@@ -16,16 +16,17 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ._internal.accelerate_support import (
-    accelerate_steps_pass_through,
     check_accelerator,
     destroy_process_group_at_exit,
     has_accelerator_device,
     needs_preparing,
+    prepare_optimizer,
+    shared_random_seed,
 )
 from ._internal.accumulation import WindowWeighting
 from ._internal.distributed import ProcessUtilities, mean_over_processes
@@ -43,12 +44,12 @@ from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints import trainer_io
 from .checkpoints.trainer_io import CheckpointMethods
 from .data import (
-    DeviceDataLoader,
     ReproducibleShuffleSampler,
-    ShardedEvalBatchSampler,
     default_dataloader_kwargs,
     is_map_style,
     merge_dataloader_kwargs,
+    prepare_eval_dataloader,
+    shard_evaluation,
 )
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, RunState, TrainerRunConfig
@@ -347,14 +348,8 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         kwargs = merge_dataloader_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
         custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
-            for key in ("batch_size", "shuffle", "drop_last"):
-                kwargs.pop(key, None)
-            kwargs["batch_sampler"] = ShardedEvalBatchSampler(
-                len(self.eval_dataset),
-                batch_size,
-                self._accelerator.num_processes,
-                self._accelerator.process_index,
-            )
+            processes = (self._accelerator.num_processes, self._accelerator.process_index)
+            kwargs = shard_evaluation(kwargs, len(self.eval_dataset), batch_size, *processes)
         return DataLoader(self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
@@ -363,24 +358,11 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             self.model = self._accelerator.prepare(self.model)
             self._prepared_model = self.model
         if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
-            prepared = self._accelerator.prepare(self.optimizer)
-            self._direct_steps = accelerate_steps_pass_through(self._accelerator)
-            # Where accelerate's optimizer wrapper would only call through, the loop (and the
-            # scheduler) use the optimizer itself: the wrapper costs more than a small model's
-            # whole update (accelerate 1.15 searches sys.path for lomo_optim twice per step()).
-            self.optimizer = prepared.optimizer if self._direct_steps else prepared
+            self.optimizer, self._direct_steps = prepare_optimizer(self._accelerator, self.optimizer)
             self._prepared_optimizer = self.optimizer
         if needs_preparing(self._train_dataloader):
             self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
-        self._eval_dataloader = self._prepare_eval_dataloader(self._eval_dataloader)
-
-    def _prepare_eval_dataloader(self, dataloader: Any) -> Any:
-        if not needs_preparing(dataloader):
-            return dataloader
-        if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
-            # Already split across processes: only move batches to the device.
-            return DeviceDataLoader(dataloader, self.device)
-        return self._accelerator.prepare(dataloader)
+        self._eval_dataloader = prepare_eval_dataloader(self._accelerator, self._eval_dataloader)
 
     def _set_seed(self, seed: int | None) -> None:
         self._seed = seed
@@ -388,13 +370,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             set_seed(seed)
 
     def _shuffle_seed(self) -> int:
-        if self._seed is not None:
-            return self._seed
-        # Every process must shuffle identically, so process 0 draws the seed for all.
-        drawn = [int(torch.randint(0, 2**31 - 1, ()).item())]
-        if self._accelerator.num_processes > 1:
-            broadcast_object_list(drawn)
-        return drawn[0]
+        return self._seed if self._seed is not None else shared_random_seed(self._accelerator)
 
     # ------------------------------------------------------------------ run config and scheduler
 

@@ -101,10 +101,15 @@ def test_lower_layers_do_not_import_upper_ones() -> None:
     forbidden = {
         "pytorch_accelerated.checkpoints": ("pytorch_accelerated.callbacks", "pytorch_accelerated.schedulers"),
         "pytorch_accelerated.schedulers": ("pytorch_accelerated.callbacks", "pytorch_accelerated.checkpoints"),
+        "pytorch_accelerated.data": ("pytorch_accelerated.callbacks", "pytorch_accelerated.checkpoints"),
         "pytorch_accelerated._internal": (
             "pytorch_accelerated.callbacks",
             "pytorch_accelerated.checkpoints",
             "pytorch_accelerated.schedulers",
+            "pytorch_accelerated.data",
+            "pytorch_accelerated.run_config",
+            "pytorch_accelerated.tracking",
+            "pytorch_accelerated.placeholders",
         ),
     }
     crossings = []

@@ -10,8 +10,28 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, broadcast_object_list
 from torch.utils.data import DataLoader
+
+
+def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bool]:
+    """Prepare ``optimizer``; return what the loop should step, and whether it steps directly.
+
+    Where accelerate's optimizer wrapper would only call through, the loop (and the scheduler)
+    use the optimizer itself: the wrapper costs more than a small model's whole update
+    (accelerate 1.15 searches sys.path for lomo_optim twice per ``step()``).
+    """
+    prepared = accelerator.prepare(optimizer)
+    direct = accelerate_steps_pass_through(accelerator)
+    return (prepared.optimizer if direct else prepared), direct
+
+
+def shared_random_seed(accelerator: Accelerator) -> int:
+    """A random seed, the same on every process: process 0 draws it for all."""
+    drawn = [int(torch.randint(0, 2**31 - 1, ()).item())]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]
 
 
 def needs_preparing(dataloader: Any) -> bool:
