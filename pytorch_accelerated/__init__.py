@@ -8,7 +8,8 @@ The house, read top-down (each layer imports only the layers below it)::
                         evaluation, limits, training_state (saving states, preemption),
                         wsd_checkpoints, sync_batchnorm
     checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
-                        directories), trainer_io (the Trainer's save and load methods)
+                        directories), finite (no NaN is ever written), trainer_io (the
+                        Trainer's save and load methods)
     schedulers/         SchedulerBase and friends, cosine, wsd (import nothing from the trainer)
     data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
@@ -19,7 +20,8 @@ The house, read top-down (each layer imports only the layers below it)::
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),
                         distributed (gathering, the Trainer's process methods), accumulation
-                        (window weighting), accelerate_support (what accelerate's set-up allows)
+                        (window weighting), accelerate_support (what accelerate's set-up allows),
+                        errors (StopTrainingError, public through callbacks)
 
 Public names are those of SPEC.md; see docs/inside-the-trainer.md for the loop.
 """

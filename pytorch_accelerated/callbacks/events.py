@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._internal.errors import StopTrainingError
+
 if TYPE_CHECKING:
     from ..trainer import Trainer
 
@@ -34,17 +36,6 @@ TRAINER_EVENTS: tuple[str, ...] = (
 #: Events that end a run or an evaluation: a ``StopTrainingError`` raised in one of them skips
 #: that event's remaining callbacks, and the run still returns normally.
 END_EVENTS: tuple[str, ...] = ("on_stop_training_error", "on_training_run_end", "on_evaluation_run_end")
-
-
-class StopTrainingError(Exception):
-    """Raise anywhere in the training loop or an evaluation to end it cleanly.
-
-    From any event or overridable method of ``train()``, the Trainer fires
-    ``on_stop_training_error``, then the run-end hooks, and ``train()`` returns normally; in
-    ``evaluate()`` the evaluation ends at that batch (no partial loss is recorded), then
-    ``on_stop_training_error`` and the evaluation-end hooks fire, and ``evaluate()`` returns
-    what was recorded. Raised inside an end event, it skips that event's remaining callbacks.
-    """
 
 
 class TrainerCallback:
