@@ -3,13 +3,15 @@
 The house, read top-down (each layer imports only the layers below it)::
 
     trainer             Trainer: train / evaluate and the loop, one method per ML step
+    loaders             the Trainer's data-loader methods (a base class of the Trainer)
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
                         wsd_checkpoints, sync_batchnorm
     checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
-                        directories), finite (no NaN is ever written), trainer_io (the
-                        Trainer's save and load methods)
+                        directories), finite (no NaN is ever written), state_checks (every
+                        file checked before anything is loaded), trainer_io (the Trainer's
+                        save and load methods)
     schedulers/         SchedulerBase and friends, cosine, wsd (import nothing from the trainer)
     data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
@@ -20,8 +22,10 @@ The house, read top-down (each layer imports only the layers below it)::
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),
                         distributed (gathering, the Trainer's process methods), accumulation
-                        (window weighting), accelerate_support (what accelerate's set-up allows),
-                        errors (StopTrainingError, public through callbacks)
+                        (window weighting), accelerate_support (what accelerate's set-up allows,
+                        the collective timeout), hangs (what a failed collective was doing; the
+                        watchdog for a process a stop signal finds stuck), errors
+                        (StopTrainingError, public through callbacks)
 
 Public names are those of SPEC.md; see docs/inside-the-trainer.md for the loop.
 """

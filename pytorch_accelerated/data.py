@@ -4,23 +4,31 @@ Training shuffles with :class:`ReproducibleShuffleSampler`, whose order depends 
 seed and the epoch, so a run can be repeated (and, later, resumed) exactly; accelerate then
 shards its batches across processes.
 
-Evaluation uses :class:`ShardedEvalBatchSampler`: every process gets the same number of
-batches (so collective calls made per batch line up and never hang) and every sample exactly
-once (no padding with duplicated samples, which would bias the evaluation loss and metrics).
+Evaluation uses :class:`ShardedEvalBatchSampler` (or, for a stream, :class:`ShardedStreamLoader`):
+every process gets the same number of batches (so collective calls made per batch line up and
+never hang) and every sample exactly once. Where a process has too few samples for that, it
+ends with *padding* batches (a repeated sample) that the loader marks (``num_real_batches``): the
+Trainer does not count them in the loss and ``gather_for_metrics`` takes nothing from them.
+
+Before a run, :func:`check_same_data_on_every_process` compares a fingerprint of the data sets
+across processes, since a data set that differs (e.g. an unseeded ``random_split``) silently
+mixes evaluation samples into training, or hangs the run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import send_to_device
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Sampler, Subset
 
 from ._internal.accelerate_support import needs_preparing
 
@@ -48,10 +56,17 @@ class ReproducibleShuffleSampler(Sampler[int]):
 
 
 class ShardedEvalBatchSampler(Sampler[list[int]]):
-    """Splits ``range(num_samples)`` over processes with no padding and equal batch counts.
+    """Splits ``range(num_samples)`` over processes, each sample once, in equal batch counts.
 
     Process ``p`` takes indices ``p, p + P, p + 2P, ...``; these are cut into
-    ``ceil(ceil(N / P) / batch_size)`` batches, all full but the last ones, none empty.
+    ``ceil(ceil(N / P) / batch_size)`` batches, all full but the last ones, none empty. A process
+    with fewer samples than that (e.g. 3 samples in batches of 1 on 2 processes) ends with
+    padding batches of one repeated sample: the first ``num_real_batches`` batches are its own.
+
+    >>> [list(ShardedEvalBatchSampler(3, 1, num_processes=2, process_index=p)) for p in (0, 1)]
+    [[[0], [2]], [[1], [1]]]
+    >>> ShardedEvalBatchSampler(3, 1, num_processes=2, process_index=1).num_real_batches
+    1
     """
 
     def __init__(self, num_samples: int, batch_size: int, num_processes: int = 1, process_index: int = 0):
@@ -61,22 +76,20 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         self.process_index = process_index
         self.num_batches = math.ceil(math.ceil(num_samples / num_processes) / batch_size)
         self.indices = range(process_index, num_samples, num_processes)
-        if len(self.indices) < self.num_batches:
-            raise ValueError(
-                f"The evaluation data set of {num_samples} samples cannot be split over "
-                f"{num_processes} processes in {self.num_batches} batches of at most {batch_size} "
-                f"without giving process {process_index} an empty batch. Use a larger evaluation "
-                f"set, fewer processes, or a larger per_device_batch_size."
-            )
+        #: Batches holding this process's own samples; the ones after them only pad.
+        self.num_real_batches = min(self.num_batches, len(self.indices))
 
     def __iter__(self) -> Iterator[list[int]]:
         start = 0
-        for batch_number in range(self.num_batches):
-            batches_after = self.num_batches - batch_number - 1
+        for batch_number in range(self.num_real_batches):
+            batches_after = self.num_real_batches - batch_number - 1
             # Leave at least one sample for each batch still to come, so none is empty.
             size = min(self.batch_size, len(self.indices) - start - batches_after)
             yield list(self.indices[start : start + size])
             start += size
+        padding = self.indices[0] if self.indices else 0
+        for _ in range(self.num_batches - self.num_real_batches):
+            yield [padding]
 
     def __len__(self) -> int:
         return self.num_batches
@@ -98,6 +111,11 @@ class DeviceDataLoader:
     def batch_sampler(self) -> Any:
         return self.dataloader.batch_sampler
 
+    @property
+    def num_real_batches(self) -> int | None:
+        """The batches before the padding ones (see :class:`ShardedEvalBatchSampler`), or None."""
+        return getattr(self.dataloader.batch_sampler, "num_real_batches", None)
+
     def __len__(self) -> int:
         return len(self.dataloader)
 
@@ -106,14 +124,74 @@ class DeviceDataLoader:
             yield send_to_device(batch, self.device, non_blocking=self.non_blocking)
 
 
+class ShardedStreamLoader(DeviceDataLoader):
+    """An evaluation loader over a stream (an ``IterableDataset``), split across processes with
+    each batch evaluated once.
+
+    Every process reads the whole stream, which must yield the same batches on each, and keeps
+    batches ``p, p + P, ...``. When the stream ends within a round of ``P`` batches, the
+    processes left without one get a padding batch (the round's first batch again), so all
+    have the same number; ``num_real_batches`` is set once the end is seen.
+    """
+
+    def __init__(self, dataloader: torch.utils.data.DataLoader, device: torch.device, num_processes: int, process_index: int) -> None:
+        super().__init__(dataloader, device)
+        self.num_processes, self.process_index = num_processes, process_index
+        self._real_batches: int | None = None
+
+    @property
+    def num_real_batches(self) -> int | None:
+        return self._real_batches
+
+    def __len__(self) -> int:  # a TypeError for a stream without a length, as for a DataLoader
+        return math.ceil(len(self.dataloader) / self.num_processes)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._real_batches = None
+        batches = iter(self.dataloader)
+        for number in itertools.count():
+            round_of_batches = list(itertools.islice(batches, self.num_processes))
+            if len(round_of_batches) <= self.process_index:  # the stream ended: pad, or stop
+                self._real_batches = number
+                if round_of_batches:
+                    yield send_to_device(round_of_batches[0], self.device, non_blocking=self.non_blocking)
+                return
+            yield send_to_device(round_of_batches[self.process_index], self.device, non_blocking=self.non_blocking)
+            if len(round_of_batches) < self.num_processes:
+                self._real_batches = number + 1
+                return
+
+
 def prepare_eval_dataloader(accelerator: Accelerator, dataloader: Any) -> Any:
     """Prepare an evaluation loader; one already split across processes (by a
-    :class:`ShardedEvalBatchSampler`) is only moved to the device."""
+    :class:`ShardedEvalBatchSampler`) is only moved to the device, one over a stream is split
+    by a :class:`ShardedStreamLoader`."""
     if not needs_preparing(dataloader):
         return dataloader
     if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
         return DeviceDataLoader(dataloader, accelerator.device)
+    if isinstance(dataloader.dataset, IterableDataset):
+        return ShardedStreamLoader(dataloader, accelerator.device, accelerator.num_processes, accelerator.process_index)
     return accelerator.prepare(dataloader)
+
+
+def batches_per_epoch(dataloader: Any, unknown: Any = None) -> Any:
+    """The number of batches ``dataloader`` gives per epoch, or ``unknown`` (None) for a stream
+    of unknown length."""
+    try:
+        return len(dataloader)
+    except TypeError:
+        return unknown
+
+
+def check_stream_gave_batches(batches_done: int, dataset: Any) -> None:
+    """Fail when a training epoch over a stream ended with no batch (it would train nothing)."""
+    if batches_done == 0:
+        raise ValueError(
+            f"The training data set ({type(dataset).__name__}) gave no batch in this epoch: an "
+            f"IterableDataset must yield samples on every pass (each epoch iterates it again). "
+            f"Check that its __iter__ starts over each time it is called."
+        )
 
 
 def is_map_style(dataset: Any) -> bool:
@@ -189,3 +267,57 @@ def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] 
         kwargs.pop("worker_init_fn", None)
         kwargs.pop("persistent_workers", None)
     return kwargs
+
+
+def dataset_fingerprint(dataset: Any) -> tuple[int, int]:
+    """``(length, hash of its Subset indices)`` of a map-style data set, cheap to compare across
+    processes; ``(-1, 0)`` for None or a stream, whose processes may read different shards.
+
+    The indices of every :class:`~torch.utils.data.Subset` inside it (e.g. from
+    ``random_split``, also inside a ``ConcatDataset``) go into the hash, 0 when there is none.
+    """
+    if not is_map_style(dataset):
+        return -1, 0
+    digest = hashlib.blake2b(digest_size=7)  # 56 bits: a non-negative int64
+    subsets = 0
+    pending = [dataset]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, Subset):
+            digest.update(torch.as_tensor(list(current.indices), dtype=torch.int64).numpy().tobytes())
+            subsets += 1
+            pending.append(current.dataset)
+        elif isinstance(current, ConcatDataset):
+            pending.extend(current.datasets)
+    return len(dataset), int.from_bytes(digest.digest(), "little") if subsets else 0
+
+
+def check_same_data_on_every_process(accelerator: Accelerator, datasets: dict[str, Any]) -> None:
+    """Fail on every process when a data set differs across processes (its length, or the
+    indices of a ``random_split``); ``datasets`` maps argument names to data sets (or None).
+
+    One all-gather of a few integers, once per ``train()`` / ``evaluate()``; nothing with one process.
+    """
+    if accelerator.num_processes == 1:
+        return
+    local = [value for dataset in datasets.values() for value in dataset_fingerprint(dataset)]
+    rows = accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
+    table = rows.reshape(accelerator.num_processes, -1).tolist()
+    for slot, name in enumerate(datasets):
+        seen = [tuple(row[2 * slot : 2 * slot + 2]) for row in table]
+        if len(set(seen)) > 1:
+            raise ValueError(_different_data_message(name, seen))
+
+
+def _different_data_message(name: str, seen: Iterable[tuple[int, int]]) -> str:
+    described = "; ".join(
+        f"process {process}: {length} samples" + (f", Subset indices hash {digest:#x}" if digest else "")
+        for process, (length, digest) in enumerate(seen)
+    )
+    return (
+        f"{name} differs across processes ({described}). Every process must build the same data "
+        f"set: the Trainer splits it among them, so a different one mixes samples (e.g. evaluation "
+        f"samples trained on) or hangs the run. If it comes from torch.utils.data.random_split, seed "
+        f"the split: random_split(dataset, lengths, generator=torch.Generator().manual_seed(0)), or "
+        f"call torch.manual_seed(...) before splitting."
+    )

@@ -54,27 +54,44 @@ class _Expression:
         return str(self.placeholder) + "".join(f" {op} {operand!r}" for op, operand in self.ops)
 
 
-def _train_dataloader_len(trainer: Trainer) -> int:
-    return len(trainer.train_dataloader)
+def _unknown_length(placeholder: str, what: str) -> ValueError:
+    return ValueError(
+        f"TrainerPlaceholderValues.{placeholder} is not known for this run: the {what} data set is "
+        f"a stream (an IterableDataset without __len__), so its number of batches per epoch is "
+        f"unknown. Give the scheduler its length in optimizer updates directly (e.g. the "
+        f"max_num_train_steps you pass to train()), or give the data set a __len__."
+    )
 
 
-def _eval_dataloader_len(trainer: Trainer) -> int:
-    return len(trainer.eval_dataloader)
+def _dataloader_len(placeholder: str, loader: str, what: str) -> Callable[[Any], int]:
+    def get(trainer: Trainer) -> int:
+        try:
+            return len(getattr(trainer, loader))
+        except TypeError:
+            raise _unknown_length(placeholder, what) from None
+
+    return get
 
 
-def _run_config_field(name: str) -> Callable[[Any], Any]:
+def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
     def get(trainer: Trainer) -> Any:
-        return getattr(trainer.run_config, name)
+        config = trainer.run_config
+        steps_unknown = getattr(config, "num_update_steps_per_epoch", 0) is None
+        if steps_unknown and (name != "num_epochs" or getattr(config, "max_num_train_steps", None) is not None):
+            raise _unknown_length(placeholder, "training")
+        return getattr(config, name)
 
     return get
 
 
 _RESOLVERS: dict[str, Callable[[Any], Any]] = {
-    "NUM_EPOCHS": _run_config_field("num_epochs"),
-    "NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_update_steps_per_epoch"),
-    "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_local_update_steps_per_epoch"),
-    "TRAIN_DATALOADER_LEN": _train_dataloader_len,
-    "EVAL_DATALOADER_LEN": _eval_dataloader_len,
+    "NUM_EPOCHS": _run_config_field("num_epochs", "NUM_EPOCHS"),
+    "NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_update_steps_per_epoch", "NUM_UPDATE_STEPS_PER_EPOCH"),
+    "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field(
+        "num_local_update_steps_per_epoch", "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH"
+    ),
+    "TRAIN_DATALOADER_LEN": _dataloader_len("TRAIN_DATALOADER_LEN", "train_dataloader", "training"),
+    "EVAL_DATALOADER_LEN": _dataloader_len("EVAL_DATALOADER_LEN", "eval_dataloader", "evaluation"),
 }
 
 
@@ -86,6 +103,10 @@ class TrainerPlaceholderValues(Enum):
     it by the number of processes). ``PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH`` is kept for
     compatibility and has the same value. ``TRAIN_DATALOADER_LEN`` and ``EVAL_DATALOADER_LEN``
     are the number of batches each process sees per epoch.
+
+    Over a training stream of unknown length (an ``IterableDataset`` without ``__len__``) the
+    step counts are unknown (and so is ``NUM_EPOCHS`` with ``max_num_train_steps``): resolving
+    them raises a ``ValueError`` that says so.
     """
 
     NUM_EPOCHS = "num_epochs"

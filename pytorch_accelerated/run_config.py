@@ -31,6 +31,10 @@ class TrainerRunConfig:
     compatibility and equals ``num_update_steps_per_epoch``.
     ``train_total_batch_size`` is the number of samples that go into one update across all
     processes (per-device batch x processes x accumulation steps).
+
+    When the training set is a stream of unknown length (an ``IterableDataset`` without
+    ``__len__``), ``num_update_steps_per_epoch`` is None (an epoch is one pass over the stream)
+    and, with ``max_num_train_steps``, ``num_epochs`` is only an upper bound (that many passes).
     """
 
     num_epochs: int
@@ -42,8 +46,8 @@ class TrainerRunConfig:
     gradient_clip_value: float | None
     train_total_batch_size: int
     eval_total_batch_size: int
-    num_update_steps_per_epoch: int
-    num_local_update_steps_per_epoch: int
+    num_update_steps_per_epoch: int | None
+    num_local_update_steps_per_epoch: int | None
     max_num_train_steps: int | None
     is_local_process_zero: bool
     is_world_process_zero: bool
@@ -61,7 +65,7 @@ class TrainerRunConfig:
         cls,
         accelerator: Accelerator,
         *,
-        num_batches_per_epoch: int,
+        num_batches_per_epoch: int | None,
         per_device_batch_size: int,
         num_epochs: int,
         gradient_accumulation_steps: int,
@@ -73,21 +77,24 @@ class TrainerRunConfig:
         seed: int | None,
     ) -> TrainerRunConfig:
         """The config of a run with these settings, on ``accelerator``'s processes, over a
-        training loader of ``num_batches_per_epoch`` batches per process."""
-        steps_per_epoch = math.ceil(num_batches_per_epoch / gradient_accumulation_steps)
-        if max_num_train_steps is not None:
-            num_epochs = math.ceil(max_num_train_steps / steps_per_epoch)
+        training loader of ``num_batches_per_epoch`` batches per process.
+
+        A ``batch_size`` in ``train_dl_kwargs`` / ``eval_dl_kwargs`` is what the loaders use, so
+        it is the per-device batch size recorded (and saved with training states).
+        """
+        steps_per_epoch, num_epochs = _steps_and_epochs(num_batches_per_epoch, gradient_accumulation_steps, max_num_train_steps, num_epochs)
         processes = accelerator.num_processes
+        train_batch_size, eval_batch_size = (_batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs))
         return cls(
             num_epochs=num_epochs,
-            train_per_device_batch_size=per_device_batch_size,
+            train_per_device_batch_size=train_batch_size,
             train_dl_kwargs=dict(train_dl_kwargs or {}),
-            eval_per_device_batch_size=per_device_batch_size,
+            eval_per_device_batch_size=eval_batch_size,
             eval_dl_kwargs=dict(eval_dl_kwargs or {}),
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_clip_value=gradient_clip_value,
-            train_total_batch_size=per_device_batch_size * processes * gradient_accumulation_steps,
-            eval_total_batch_size=per_device_batch_size * processes,
+            train_total_batch_size=train_batch_size * processes * gradient_accumulation_steps,
+            eval_total_batch_size=eval_batch_size * processes,
             num_update_steps_per_epoch=steps_per_epoch,
             num_local_update_steps_per_epoch=steps_per_epoch,
             max_num_train_steps=max_num_train_steps,
@@ -99,6 +106,22 @@ class TrainerRunConfig:
             max_grad_norm=max_grad_norm,
             seed=seed,
         )
+
+
+def _steps_and_epochs(
+    num_batches: int | None, accumulation: int, max_num_train_steps: int | None, num_epochs: int
+) -> tuple[int | None, int]:
+    """Updates per epoch (None for a stream of unknown length) and the number of epochs."""
+    steps_per_epoch = None if num_batches is None else math.ceil(num_batches / accumulation)
+    if max_num_train_steps is None:
+        return steps_per_epoch, num_epochs
+    # Over a stream, every epoch (one pass) makes at least one update: a bound.
+    return steps_per_epoch, math.ceil(max_num_train_steps / (steps_per_epoch or 1))
+
+
+def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
+    """What a loader made with ``loader_kwargs`` batches by: their ``batch_size``, if given."""
+    return (loader_kwargs or {}).get("batch_size") or per_device_batch_size
 
 
 @dataclass
@@ -148,6 +171,8 @@ class RunState:
             ``progress.epoch`` from there.
         epoch_finished: the current epoch's last event has fired: a state saved now resumes at
             the start of the next epoch.
+        epoch_trained: the current epoch's training part (with ``on_train_epoch_end``) is done;
+            a state saved during its evaluation resumes with that evaluation.
         pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
             the run's start events have fired.
     """
@@ -158,6 +183,7 @@ class RunState:
     train_sampler: ReproducibleShuffleSampler | None = None
     history_first_epoch: int = 1
     epoch_finished: bool = False
+    epoch_trained: bool = False
     pending_resume: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -166,6 +192,8 @@ class RunState:
             "loss_weight_unit": self.window.unit if self.window is not None else None,
             "shuffle_seed": self.train_sampler.seed if self.train_sampler is not None else None,
             "history_first_epoch": self.history_first_epoch,
+            # Saved during the epoch's evaluation: a resumed run evaluates, without training again.
+            "epoch_trained": self.epoch_trained and not self.epoch_finished,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -174,6 +202,7 @@ class RunState:
         if self.train_sampler is not None and state["shuffle_seed"] is not None:
             self.train_sampler.seed = state["shuffle_seed"]
         self.history_first_epoch = int(state.get("history_first_epoch", 1))
+        self.epoch_trained = bool(state.get("epoch_trained", False))
 
     def process_state_dict(self, mid_epoch: bool) -> dict[str, Any]:
         """This process's own share: its part of the epoch's training loss so far (mid-epoch)."""

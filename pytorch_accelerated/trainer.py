@@ -16,27 +16,27 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
-from accelerate.utils import set_seed
 from torch import nn
-from torch.utils.data import DataLoader
 
 from ._internal.accelerate_support import (
     check_accelerator,
     destroy_process_group_at_exit,
     has_accelerator_device,
-    needs_preparing,
-    prepare_optimizer,
-    shared_random_seed,
+    process_group_kwargs,
 )
-from ._internal.accumulation import WindowWeighting
+from ._internal.accumulation import WindowWeighting, accumulation_windows
 from ._internal.distributed import ProcessUtilities, mean_over_processes
+from ._internal.hangs import explain_collective_failure
 from ._internal.validation import (
     batch_size_of,
     check_batch_output,
-    check_dataset,
+    check_callbacks,
+    check_epochs_have_batches,
+    check_evaluate_arguments,
+    check_something_left_to_train,
     check_train_arguments,
     check_trainer_arguments,
-    check_whole_number,
+    loss_of,
     unpack_batch,
 )
 from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
@@ -44,13 +44,11 @@ from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints import trainer_io
 from .checkpoints.trainer_io import CheckpointMethods
 from .data import (
-    ReproducibleShuffleSampler,
-    default_dataloader_kwargs,
-    is_map_style,
-    merge_dataloader_kwargs,
-    prepare_eval_dataloader,
-    shard_evaluation,
+    batches_per_epoch,
+    check_same_data_on_every_process,
+    check_stream_gave_batches,
 )
+from .loaders import DataLoaderMethods
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
@@ -64,7 +62,7 @@ __all__ = [
 ]
 
 
-class Trainer(ProcessUtilities, CheckpointMethods):
+class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
     """Trains and evaluates a model with a complete, distributed-ready loop.
 
     Args:
@@ -99,6 +97,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         run_history: RunHistory | None = None,
     ) -> None:
         check_trainer_arguments(model, loss_func, optimizer)
+        check_callbacks(callbacks)
         self.model, self.loss_func, self.optimizer = model, loss_func, optimizer
         # Compatibility: PT_ACC_LIMIT_BATCHES (set by utils.LimitBatches) limits every epoch.
         env_limit = limit_batches_callback_from_env()
@@ -143,7 +142,8 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         would make them: accelerate alone would leave each one training the whole run.
         """
         launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        return Accelerator(cpu=launched_as_group and not has_accelerator_device())
+        # Collectives time out after PT_ACC_COLLECTIVE_TIMEOUT s, not 30 min (inside-the-trainer.md).
+        return Accelerator(cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs())
 
     # ------------------------------------------------------------------ public entry points
 
@@ -203,7 +203,6 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             "gradient_clip_value": gradient_clip_value,
             "max_grad_norm": max_grad_norm,
         }
-        check_train_arguments(optimizer=self.optimizer, train_dataset=train_dataset, eval_dataset=eval_dataset, **settings)
         set_up = functools.partial(
             self._set_up_training,
             settings,
@@ -215,6 +214,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             reset_run_history=reset_run_history,
             resume_from=resume_from,
         )
+        check_train_arguments(self.model, self.optimizer, settings, **set_up.keywords)
         self._run_guarded(set_up, self._run_training, end="training_run_end", stopped="Training stopped")
 
     def _set_up_training(
@@ -230,16 +230,19 @@ class Trainer(ProcessUtilities, CheckpointMethods):
     ) -> None:
         """Everything before the run starts: loaders, preparation, run config, scheduler, resume."""
         self._start_run(datasets, collate_fn, seed, reset_run_history)
+        check_same_data_on_every_process(self._accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]})
         self.create_scheduler_fn = create_scheduler_fn
         self._create_dataloaders(settings["per_device_batch_size"], *dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
+        check_epochs_have_batches(self)
         self.run_config = self._create_run_config(
             **settings, train_dl_kwargs=dataloader_kwargs[0], eval_dl_kwargs=dataloader_kwargs[1]
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self.run_state.window = WindowWeighting(self._accelerator, settings["per_device_batch_size"])
+        self.run_state.window = WindowWeighting(self._accelerator, self.run_config.train_per_device_batch_size)
         if resume_from is not None:
             trainer_io.load_training_state(self, resume_from, resuming=True)
+            check_something_left_to_train(self.progress, self.run_config, resume_from)
 
     def _start_run(self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
         self.train_dataset, self.eval_dataset = datasets
@@ -250,11 +253,6 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             self.run_history.reset()
         self.progress = RunProgress()
         self.run_state = RunState(history_first_epoch=self.run_history.current_epoch)
-
-    def _create_dataloaders(self, batch_size: int, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> None:
-        self._train_dataloader = self.create_train_dataloader(batch_size, train_kwargs)
-        if self.eval_dataset is not None:
-            self._eval_dataloader = self.create_eval_dataloader(batch_size, eval_kwargs)
 
     def evaluate(
         self,
@@ -283,8 +281,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset.")
-        check_whole_number(per_device_batch_size, "per_device_batch_size")
-        check_dataset(dataset, "dataset")
+        check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
         recorded_before = self._metric_counts()
         set_up = functools.partial(self._set_up_evaluation, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
         self._run_guarded(set_up, self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped")
@@ -297,12 +294,14 @@ class Trainer(ProcessUtilities, CheckpointMethods):
     def _set_up_evaluation(
         self, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any, seed: int | None
     ) -> None:
+        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
         self.eval_dataset = dataset
         if collate_fn is not None:
             self.collate_fn = collate_fn
         self._set_seed(seed)
         self._eval_dataloader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
+        check_epochs_have_batches(self, evaluation=True)
 
     def _run_evaluation(self) -> None:
         self._run_method_then_event("evaluation_run_start")
@@ -311,66 +310,6 @@ class Trainer(ProcessUtilities, CheckpointMethods):
     def _metric_counts(self) -> dict[str, int]:
         history = self.run_history
         return {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
-
-    # ------------------------------------------------------------------ overridable: data
-
-    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
-        """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
-        kwargs = self._default_dl_kwargs(self.train_dataset, batch_size)
-        kwargs["shuffle"] = True
-        return kwargs
-
-    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
-        """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
-        kwargs = self._default_dl_kwargs(self.eval_dataset, batch_size)
-        kwargs["shuffle"] = False
-        return kwargs
-
-    def _default_dl_kwargs(self, dataset: Any, batch_size: int) -> dict[str, Any]:
-        return default_dataloader_kwargs(dataset, batch_size, self.device, self._seed, self._accelerator.num_processes)
-
-    def create_train_dataloader(self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
-        """Return the training ``DataLoader`` (before it is prepared for distribution)."""
-        kwargs = merge_dataloader_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
-        self.run_state.train_sampler = None
-        self._train_generator = kwargs.get("generator")
-        if kwargs.pop("shuffle", False) and is_map_style(self.train_dataset):
-            sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
-            kwargs["sampler"] = self.run_state.train_sampler = sampler
-        return DataLoader(self.train_dataset, collate_fn=self.collate_fn, **kwargs)
-
-    def create_eval_dataloader(self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
-        """Return the evaluation ``DataLoader``.
-
-        By default every process gets its own share of the samples, each sample exactly once,
-        and the same number of batches (see :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`).
-        """
-        kwargs = merge_dataloader_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
-        custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
-        if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
-            processes = (self._accelerator.num_processes, self._accelerator.process_index)
-            kwargs = shard_evaluation(kwargs, len(self.eval_dataset), batch_size, *processes)
-        return DataLoader(self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
-
-    def _prepare_model_optimizer_and_dataloaders(self) -> None:
-        """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
-        if self._prepared_model is None or self.model is not self._prepared_model:
-            self.model = self._accelerator.prepare(self.model)
-            self._prepared_model = self.model
-        if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
-            self.optimizer, self._direct_steps = prepare_optimizer(self._accelerator, self.optimizer)
-            self._prepared_optimizer = self.optimizer
-        if needs_preparing(self._train_dataloader):
-            self._train_dataloader = self._accelerator.prepare(self._train_dataloader)
-        self._eval_dataloader = prepare_eval_dataloader(self._accelerator, self._eval_dataloader)
-
-    def _set_seed(self, seed: int | None) -> None:
-        self._seed = seed
-        if seed is not None:
-            set_seed(seed)
-
-    def _shuffle_seed(self) -> int:
-        return self._seed if self._seed is not None else shared_random_seed(self._accelerator)
 
     # ------------------------------------------------------------------ run config and scheduler
 
@@ -388,7 +327,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         """Return the frozen :class:`TrainerRunConfig` for this run."""
         return TrainerRunConfig.for_run(
             self._accelerator,
-            num_batches_per_epoch=len(self._train_dataloader),
+            num_batches_per_epoch=batches_per_epoch(self._train_dataloader),
             per_device_batch_size=per_device_batch_size,
             num_epochs=num_epochs,
             gradient_accumulation_steps=gradient_accumulation_steps,
@@ -439,6 +378,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         except StopTrainingError:
             raise
         except BaseException as error:
+            explain_collective_failure(self, error)  # a note: which rank, where, probably why
             self.callback_handler.call_exception_event(self, error)
             raise
 
@@ -458,7 +398,9 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         self._run_method_then_event("training_run_start")
         trainer_io.apply_pending_resume(self)
         while self.progress.epoch < self._config().num_epochs:
-            self._run_train_epoch(self._train_dataloader)
+            if not self.run_state.epoch_trained:  # trained already when resumed during evaluation
+                self._run_train_epoch(self._train_dataloader)
+                self.run_state.epoch_trained = True
             if self._eval_dataloader is not None:
                 self._run_eval_epoch(self._eval_dataloader)
             self._end_epoch()
@@ -472,7 +414,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             self._run_method_then_event("training_run_epoch_end")
         finally:  # also when a callback stops the run here (early stopping): the epoch is done
             self.progress.start_next_epoch()
-            self.run_state.epoch_finished = False
+            self.run_state.epoch_finished = self.run_state.epoch_trained = False
             self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
 
     def _config(self) -> TrainerRunConfig:
@@ -483,15 +425,11 @@ class Trainer(ProcessUtilities, CheckpointMethods):
     def _run_train_epoch(self, train_dl: Any) -> None:
         """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
         train_dl = self._start_train_epoch(train_dl)
-        start = self.progress.batch_index
-        num_batches = start + len(train_dl)
         accumulation = self._config().gradient_accumulation_steps
         window_weight: Any = 0
-        for step, batch in enumerate(train_dl, start=start):
+        windows = accumulation_windows(train_dl, self.progress.batch_index, accumulation, batches_per_epoch(train_dl))
+        for step, batch, window_size, is_update_step in windows:
             self.callback_handler.call_event("on_train_step_start", self)
-            window_start = step - step % accumulation
-            window_size = min(accumulation, num_batches - window_start)
-            is_update_step = step + 1 == window_start + window_size
             # Gradients are only all-reduced on the batch that completes an update.
             batch_output, weight = self._train_on_batch(batch, window_size, sync=is_update_step or window_size == 1)
             window_weight = window_weight + weight
@@ -504,6 +442,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
             )
             if is_update_step and self._reached_max_steps():
                 break
+        check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
         self._record_mean_loss(self.run_state.train_loss, "train_loss_epoch")
         self._run_method_then_event("train_epoch_end")
 
@@ -530,7 +469,7 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         with nullcontext() if sync else self._accelerator.no_sync(self.model):
             batch_output = self.calculate_train_batch_loss(batch)
             check_batch_output(batch_output, "calculate_train_batch_loss")
-            weight = batch_output.get("num_items_in_batch", batch_output["batch_size"])
+            weight = window.weight_of(batch_output)
             self.run_state.train_loss.update(batch_output["loss"], weight)
             self.backward_step(window.scale(batch_output["loss"], weight, window_size))
         return batch_output, weight
@@ -565,11 +504,12 @@ class Trainer(ProcessUtilities, CheckpointMethods):
         eval_loss = self.run_state.eval_loss
         eval_loss.reset()
         with torch.no_grad():
-            for batch in eval_dl:
+            for batch in self._eval_batches(eval_dl):
                 self.callback_handler.call_event("on_eval_step_start", self)
                 batch_output = self.calculate_eval_batch_loss(batch)
                 check_batch_output(batch_output, "calculate_eval_batch_loss")
-                eval_loss.update(batch_output["loss"], batch_output["batch_size"])
+                if not self.eval_batch_is_padding:  # a repeated sample, to even out batch counts
+                    eval_loss.update(batch_output["loss"], batch_output["batch_size"])
                 self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
         # Computed before the end events: a callback there may run another evaluation.
         self._last_eval_loss = self._mean_over_processes(eval_loss)
@@ -721,29 +661,9 @@ class Trainer(ProcessUtilities, CheckpointMethods):
                 f"loss_func=None. Pass one, e.g. Trainer(model, nn.CrossEntropyLoss(), optimizer), "
                 f"or override {method}."
             )
-        return self.loss_func(model_outputs, targets)
+        return loss_of(self.loss_func, model_outputs, targets)
 
     # ------------------------------------------------------------------ utilities
-
-    @property
-    def train_dataloader(self) -> Any:
-        """The prepared training data loader of the current run."""
-        return self._train_dataloader
-
-    @train_dataloader.setter
-    def train_dataloader(self, dataloader: Any) -> None:
-        """Replace the training loader; set in ``on_train_epoch_start`` it is used for that epoch."""
-        self._train_dataloader = dataloader
-
-    @property
-    def eval_dataloader(self) -> Any:
-        """The prepared evaluation data loader of the current run or evaluation."""
-        return self._eval_dataloader
-
-    @eval_dataloader.setter
-    def eval_dataloader(self, dataloader: Any) -> None:
-        """Replace the evaluation loader; set in ``on_eval_epoch_start`` it is used for that epoch."""
-        self._eval_dataloader = dataloader
 
     @property
     def running_loss(self) -> float:

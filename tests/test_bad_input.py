@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import TrainerCallback
+from pytorch_accelerated.callbacks import PrintProgressCallback, SaveTrainingStateCallback, TrainerCallback
 
 
 def make_trainer(**overrides: Any) -> Trainer:
@@ -140,8 +141,109 @@ def test_evaluate_without_any_dataset_says_what_to_pass() -> None:
         make_trainer().evaluate()
 
 
-def test_eval_set_too_small_to_split_without_empty_batches_says_how_to_fix() -> None:
-    from pytorch_accelerated.data import ShardedEvalBatchSampler
+# ---------------------------------------------------------------------------- train() and evaluate() arguments
 
-    with pytest.raises(ValueError, match=r"3 samples cannot be split over 2 processes.*fewer processes"):
-        ShardedEvalBatchSampler(3, batch_size=1, num_processes=2, process_index=1)
+
+@pytest.mark.parametrize(
+    ("argument", "value", "message"),
+    [
+        ("create_scheduler_fn", "cosine", r"create_scheduler_fn must be a function optimizer -> scheduler \(or None\), got 'cosine' \(str\).*CosineLrScheduler.create_scheduler_fn\(\)"),
+        ("seed", "abc", r"seed must be a whole number >= 0 or None, got 'abc'\."),
+        ("seed", 2**40, r"seed must be at most 2\*\*32 - 1 .*got 1099511627776"),
+        ("collate_fn", 3, r"collate_fn must be a function that makes a batch from a list of samples \(or None\), got 3 \(int\)"),
+        ("train_dataloader_kwargs", [("batch_size", 4)], r"train_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got list.*\{'batch_size': 4\}"),
+        ("eval_dataloader_kwargs", "big", r"eval_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got str"),
+        ("train_dataloader_kwargs", {"batch_size": 0}, r"train_dataloader_kwargs\['batch_size'\] must be a whole number >= 1 or None, got 0\."),
+        ("reset_run_history", "no", r"reset_run_history must be True or False, got 'no' \(str\)"),
+        ("resume_from", 3, r"resume_from must be a path \(str or os.PathLike\) to a training state or a folder of them, or None; got 3 \(int\)"),
+    ],
+)
+def test_train_arguments_of_the_wrong_type_name_the_argument_and_the_fix(argument: str, value: Any, message: str) -> None:
+    trainer = make_trainer()
+    with pytest.raises((TypeError, ValueError), match=message):
+        trainer.train(make_regression_data(4), num_epochs=1, **{argument: value})
+    assert trainer.run_config is None  # rejected before anything was set up
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "message"),
+    [
+        ("seed", "abc", r"seed must be a whole number >= 0 or None, got 'abc'\."),
+        ("collate_fn", "stack", r"collate_fn must be a function .*got 'stack' \(str\)"),
+        ("dataloader_kwargs", 8, r"dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got int"),
+        ("per_device_batch_size", "8", r"per_device_batch_size must be a whole number >= 1, got '8'\."),
+    ],
+)
+def test_evaluate_arguments_of_the_wrong_type_name_the_argument(argument: str, value: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        make_trainer().evaluate(make_regression_data(4), **{argument: value})
+
+
+def test_callbacks_none_says_to_pass_a_list() -> None:
+    with pytest.raises(TypeError, match=r"callbacks must be a list of callbacks, got None: pass callbacks=\(\) for none, or DEFAULT_CALLBACKS"):
+        make_trainer(callbacks=None)
+
+
+@pytest.mark.parametrize(("value", "shown"), [(PrintProgressCallback(), r"PrintProgressCallback\(\)"), (PrintProgressCallback, "PrintProgressCallback")])
+def test_a_single_callback_says_to_pass_a_list(value: Any, shown: str) -> None:
+    with pytest.raises(TypeError, match=rf"callbacks must be a list of callbacks, got one PrintProgressCallback: pass a list: callbacks=\[{shown}\]"):
+        make_trainer(callbacks=value)
+
+
+def test_check_signals_every_n_steps_as_a_string_names_the_argument_and_the_value() -> None:
+    with pytest.raises(ValueError, match=r"SaveTrainingStateCallback: check_signals_every_n_steps must be a whole number >= 1, got '5'\."):
+        SaveTrainingStateCallback(check_signals_every_n_steps="5")  # type: ignore[arg-type]
+
+
+class TupleModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.linear(x), x
+
+
+class SequenceClassifierOutput(OrderedDict):
+    """Shaped like a transformers ``ModelOutput``: an OrderedDict whose keys are also attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class ModelOutputModel(TupleModel):
+    def forward(self, x: torch.Tensor) -> Any:  # type: ignore[override]
+        return SequenceClassifierOutput(logits=self.linear(x))
+
+
+def classification_data() -> torch.utils.data.TensorDataset:
+    return torch.utils.data.TensorDataset(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("model_class", "loss_func", "returned"),
+    [
+        (TupleModel, nn.CrossEntropyLoss(), r"a tuple of 2"),
+        (TupleModel, nn.MSELoss(), r"a tuple of 2"),
+        (ModelOutputModel, nn.CrossEntropyLoss(), r"a SequenceClassifierOutput \(a dict with keys \['logits'\]; a transformers ModelOutput\?\)"),
+    ],
+)
+def test_model_returning_a_tuple_or_a_model_output_says_how_to_get_the_logits(model_class: Any, loss_func: Any, returned: str) -> None:
+    model = model_class()
+    trainer = Trainer(model, loss_func, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    with pytest.raises(TypeError, match=rf"The model returned {returned}, not a tensor.*override calculate_train_batch_loss and calculate_eval_batch_loss.*or wrap the model") as caught:
+        trainer.train(classification_data(), num_epochs=1, per_device_batch_size=2)
+    assert isinstance(caught.value.__cause__, (TypeError, AttributeError))  # the loss function's own error
+
+
+def test_loss_function_error_with_a_tensor_output_reaches_the_caller_unchanged() -> None:
+    def bad_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        raise TypeError("my own mistake")
+
+    model = make_linear_model()
+    trainer = Trainer(model, bad_loss, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    with pytest.raises(TypeError, match=r"^my own mistake$"):
+        trainer.train(make_regression_data(4), num_epochs=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,23 @@ def run(callbacks: tuple, num_epochs: int, resume_from: Path | None = None) -> T
     return trainer
 
 
+class Snapshot(TrainerCallback):
+    """Records the states of ``callbacks`` when the first epoch of a run starts: on resume, just
+    after the saved states went in (a resume with nothing left to train would not start)."""
+
+    def __init__(self, *callbacks: TrainerCallback) -> None:
+        self.callbacks, self.states = callbacks, None
+
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
+        if self.states is None:
+            self.states = [copy.deepcopy(callback.state_dict()) for callback in self.callbacks]
+
+
 def saved_state(save_dir: Path) -> dict[str, Any]:
     return safe_torch_load(list_complete_states(save_dir)[-1][1] / "trainer_state.pt")
 
 
-def assert_same_state(restored: TrainerCallback, saved: dict[str, Any]) -> None:
-    state = restored.state_dict()
+def assert_same_state(state: dict[str, Any], saved: dict[str, Any]) -> None:
     assert state.keys() == saved.keys()
     for key, value in saved.items():
         if isinstance(value, dict):  # EMA weights
@@ -69,11 +81,12 @@ def test_resume_with_a_reordered_and_extended_callback_list_restores_each_state_
 
     stopper, averaged = early_stopping(), ema()
     extra = SaveBestModelCallback(tmp_path / "best.pt")
+    snapshot = Snapshot(stopper, averaged)
     with pytest.warns(UserWarning) as caught:
-        run((extra, averaged, stopper), num_epochs=2, resume_from=tmp_path)  # nothing left to train
+        run((extra, averaged, stopper, snapshot), num_epochs=3, resume_from=tmp_path)
 
-    assert_same_state(stopper, saved["EarlyStoppingCallback"])
-    assert_same_state(averaged, saved["ModelEmaCallback"])
+    assert_same_state(snapshot.states[0], saved["EarlyStoppingCallback"])
+    assert_same_state(snapshot.states[1], saved["ModelEmaCallback"])
     messages = [str(warning.message) for warning in caught]
     assert any("no state for the callback 'SaveBestModelCallback'" in m for m in messages)
     assert any("holds a state for the callback 'SaveTrainingStateCallback'" in m for m in messages)
@@ -88,12 +101,13 @@ def test_a_batch_limit_set_in_one_run_only_does_not_lose_callback_states(tmp_pat
     monkeypatch.delenv("PT_ACC_LIMIT_BATCHES")
 
     stopper, averaged = early_stopping(), ema()
+    snapshot = Snapshot(stopper, averaged)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every state is claimed: nothing to warn about
-        run((stopper, averaged, SaveTrainingStateCallback(tmp_path)), num_epochs=2, resume_from=tmp_path)
+        run((stopper, averaged, SaveTrainingStateCallback(tmp_path), snapshot), num_epochs=3, resume_from=tmp_path)
 
-    assert stopper.num_epochs_without_improvement == 1
-    assert_same_state(averaged, saved["ModelEmaCallback"])
+    assert snapshot.states[0]["num_epochs_without_improvement"] == 1
+    assert_same_state(snapshot.states[1], saved["ModelEmaCallback"])
 
 
 def test_states_saved_by_position_by_earlier_versions_still_load(tmp_path: Path) -> None:
@@ -110,12 +124,13 @@ def test_states_saved_by_position_by_earlier_versions_still_load(tmp_path: Path)
     atomic_torch_save(state, state_dir / "trainer_state.pt")
 
     stopper, averaged = early_stopping(), ema()
+    snapshot = Snapshot(stopper, averaged)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run((SaveTrainingStateCallback(tmp_path / "new"), stopper, averaged), num_epochs=2, resume_from=tmp_path)
+        run((SaveTrainingStateCallback(tmp_path / "new"), stopper, averaged, snapshot), num_epochs=3, resume_from=tmp_path)
 
-    assert stopper.num_epochs_without_improvement == 1
-    assert_same_state(averaged, saved["ModelEmaCallback"])
+    assert snapshot.states[0]["num_epochs_without_improvement"] == 1
+    assert_same_state(snapshot.states[1], saved["ModelEmaCallback"])
 
 
 class Counter(TrainerCallback):
@@ -167,5 +182,5 @@ def test_overridden_keys_follow_the_callback_when_the_list_is_reordered(tmp_path
     atomic_torch_save(state, state_dir / "trainer_state.pt")
 
     y, x = NamedCounter("y"), NamedCounter("x")
-    run((y, x, SaveTrainingStateCallback(tmp_path)), num_epochs=1, resume_from=tmp_path)
-    assert (x.count, y.count) == (5, 1)
+    run((y, x, SaveTrainingStateCallback(tmp_path)), num_epochs=2, resume_from=tmp_path)
+    assert (x.count, y.count) == (6, 2)  # restored 5 and 1, then one more epoch each

@@ -315,10 +315,13 @@ def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path
 def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_first_history_epoch() -> None:
     trainer = train(make_trainer(), num_epochs=1)
     saved = trainer.run_state.state_dict()
-    assert set(saved) == {"loss_weight_unit", "shuffle_seed", "history_first_epoch"}
+    assert set(saved) == {"loss_weight_unit", "shuffle_seed", "history_first_epoch", "epoch_trained"}
+    assert saved["epoch_trained"] is False  # the run ended: nothing of an epoch is done
     assert saved["history_first_epoch"] == 1
     assert saved["shuffle_seed"] == 42  # train()'s default seed
-    assert RunState().state_dict() == {"loss_weight_unit": None, "shuffle_seed": None, "history_first_epoch": 1}
+    assert RunState().state_dict() == {
+        "loss_weight_unit": None, "shuffle_seed": None, "history_first_epoch": 1, "epoch_trained": False
+    }
 
 
 # ---------------------------------------------------------------------------- writes go through the Trainer

@@ -62,6 +62,6 @@ def test_terminate_on_nan_remembers_a_nan_folded_away_before_a_distant_check() -
         callbacks=(TerminateOnNaNCallback(check_every_n_steps=80), Stops()),
         nan_at_step=3,
     )
-    # 100 steps; the kept losses are folded into one after 64, and checked at step 80.
+    # 100 steps; the NaN of step 3 stays in the epoch's loss sum until the check at step 80.
     trainer.train(make_regression_data(200), num_epochs=1, per_device_batch_size=2)
     assert stops == [80]

@@ -62,6 +62,10 @@ def evaluate_with_batch_size(value: Any) -> None:
     new_trainer().evaluate(DATA, per_device_batch_size=value)
 
 
+def evaluate_with_seed(value: Any) -> None:
+    new_trainer().evaluate(DATA, seed=value)
+
+
 def with_env_limit(make: Callable[[], Any]) -> Callable[[Any], Any]:
     def call(value: Any) -> Any:
         with pytest.MonkeyPatch.context() as patch:
@@ -136,8 +140,18 @@ PLACES = [
         train_with("max_num_train_steps"), 1, (0, 2.5),
     ),
     Place(
-        "evaluate-per_device_batch_size", "trainer.py", "", "per_device_batch_size", 1, False,
+        "evaluate-per_device_batch_size", VALIDATION, "", "per_device_batch_size", 1, False,
         evaluate_with_batch_size, 4, (0, "3"),
+    ),
+    Place("train-seed", VALIDATION, "", "seed", 0, True, train_with("seed"), 0, (-1, "abc", 1.5)),
+    Place("evaluate-seed", VALIDATION, "", "seed", 0, True, evaluate_with_seed, 7, (-2, "42")),
+    Place(
+        "train-train_dataloader_kwargs-batch_size", VALIDATION, "", "train_dataloader_kwargs['batch_size']", 1, True,
+        lambda value: train_with("train_dataloader_kwargs")({"batch_size": value}), 2, (0, 2.5),
+    ),
+    Place(
+        "evaluate-dataloader_kwargs-batch_size", VALIDATION, "", "dataloader_kwargs['batch_size']", 1, True,
+        lambda value: new_trainer().evaluate(DATA, dataloader_kwargs={"batch_size": value}), 2, (0, "2"),
     ),
     Place(
         "env-limit_batches_callback_from_env", "callbacks/limits.py", "", ENV_NAME, 1, False,

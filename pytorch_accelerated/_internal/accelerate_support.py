@@ -4,14 +4,54 @@ which loaders are already prepared, whether there is an accelerator device."""
 from __future__ import annotations
 
 import atexit
+import math
 import os
+from datetime import timedelta
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-from accelerate.utils import DistributedType, broadcast_object_list
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list
 from torch.utils.data import DataLoader
+
+#: How long a process waits in a collective operation (all-reduce, barrier, ...) for the others
+#: before it fails, unless ``PT_ACC_COLLECTIVE_TIMEOUT`` says otherwise (torch's own default is
+#: 30 minutes). Long enough for the main process to write a large checkpoint while the others
+#: wait for it; short enough that a process whose peer failed does not sit idle for half an hour.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+COLLECTIVE_TIMEOUT_ENV = "PT_ACC_COLLECTIVE_TIMEOUT"
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"The environment variable {name}={text!r} must be a positive number of seconds, "
+            f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
+        )
+    return seconds
+
+
+def collective_timeout_s() -> float:
+    """The collective timeout of the process groups the Trainer creates, in seconds."""
+    return seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+
+def process_group_kwargs() -> list[InitProcessGroupKwargs]:
+    """accelerate's ``kwargs_handlers`` that give the process group :func:`collective_timeout_s`.
+
+    They apply when the Trainer's Accelerator creates the process group (the usual case under
+    ``torchrun`` / ``accelerate launch``); a group created earlier keeps its own timeout.
+    """
+    return [InitProcessGroupKwargs(timeout=timedelta(seconds=collective_timeout_s()))]
 
 
 def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bool]:

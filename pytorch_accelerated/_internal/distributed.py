@@ -1,7 +1,14 @@
-"""What the Trainer offers about processes and devices, and gathering tensors that differ in length."""
+"""What the Trainer offers about processes and devices, and gathering tensors that differ in length.
+
+Evaluation loaders may end with *padding* batches (a repeated sample, so that every process
+runs as many batches): a loader says how many of its batches come first with its
+``num_real_batches`` attribute. While a padding batch is evaluated,
+``eval_batch_is_padding`` is true and ``gather_for_metrics`` takes no row from this process.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -10,17 +17,21 @@ from accelerate.utils import gather_object, recursively_apply
 from torch import nn
 
 
-def gather_ragged(accelerator: Accelerator, data: Any) -> Any:
+def gather_ragged(accelerator: Accelerator, data: Any, padding: bool = False) -> Any:
     """Concatenate each tensor leaf of ``data`` over processes along dim 0, no padding kept.
 
     Tensors may have a different length along dim 0 on each process; other dimensions must
     agree. Non-tensor leaves are gathered as Python objects. Every process must call this with
-    the same structure, or the collective calls would not line up.
+    the same structure, or the collective calls would not line up. With ``padding`` this
+    process contributes no rows (and no object).
     """
+    is_object = not isinstance(data, (torch.Tensor, dict, list, tuple))
+    if padding and not is_object:
+        data = recursively_apply(lambda tensor: tensor.reshape(-1)[:0] if tensor.dim() == 0 else tensor[:0], data)
     if accelerator.num_processes == 1:
-        return data
-    if not isinstance(data, (torch.Tensor, dict, list, tuple)):
-        return gather_object([data])
+        return [] if padding and is_object else data
+    if is_object:
+        return gather_object([] if padding else [data])
     return recursively_apply(lambda tensor: _gather_tensor(accelerator, tensor), data, error_on_other_type=True)
 
 
@@ -56,6 +67,7 @@ class ProcessUtilities:
 
     _accelerator: Accelerator
     model: nn.Module
+    _eval_batch_is_padding: bool = False
 
     @property
     def accelerator(self) -> Accelerator:
@@ -98,8 +110,31 @@ class ProcessUtilities:
         """Gather nested tensors (dicts, lists, tuples) from every process, each sample once.
 
         Leaves may differ in length along dim 0 between processes. Every process must call it.
+        During a padding batch of evaluation (see :attr:`eval_batch_is_padding`) this process
+        contributes no rows, so each sample is gathered once.
         """
-        return gather_ragged(self._accelerator, data)
+        return gather_ragged(self._accelerator, data, padding=self._eval_batch_is_padding)
+
+    @property
+    def eval_batch_is_padding(self) -> bool:
+        """True while an evaluation batch that only repeats a sample is evaluated.
+
+        Such a batch evens out the number of batches of the processes (a process with fewer
+        samples than the others gets one); its loss is not counted and
+        :meth:`gather_for_metrics` gathers nothing from it. A metric that is updated on each
+        process separately should skip these batches.
+        """
+        return self._eval_batch_is_padding
+
+    def _eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
+        try:
+            for number, batch in enumerate(loader):
+                real = getattr(loader, "num_real_batches", None)
+                self._eval_batch_is_padding = real is not None and number >= real
+                yield batch
+        finally:
+            self._eval_batch_is_padding = False
 
     def any_process(self, flag: bool | torch.Tensor) -> bool:
         """True on every process if ``flag`` is true on any (a collective: all must call it)."""

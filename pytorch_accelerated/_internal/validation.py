@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import numbers
+import os
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from accelerate.optimizer import AcceleratedOptimizer
 from torch import nn
+
+from .errors import StopTrainingError
 
 
 def check_whole_number(
@@ -59,32 +65,196 @@ def check_positive_number(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be a number > 0 or None, got {value!r}.")
 
 
-def check_train_arguments(
+def check_callbacks(callbacks: Any) -> None:
+    """Check that ``callbacks`` is a collection (each one is checked when it is added)."""
+    if isinstance(callbacks, Iterable) and not isinstance(callbacks, (str, bytes)):
+        return
+    if callbacks is None:
+        raise TypeError(
+            "callbacks must be a list of callbacks, got None: pass callbacks=() for none, or "
+            "DEFAULT_CALLBACKS (the default) for the progress bar and printed metrics."
+        )
+    if hasattr(callbacks, "custom_events"):  # one TrainerCallback, or one class of them
+        name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
+        shown = name if isinstance(callbacks, type) else f"{name}()"
+        raise TypeError(f"callbacks must be a list of callbacks, got one {name}: pass a list: callbacks=[{shown}].")
+    raise TypeError(f"callbacks must be a list of TrainerCallback instances or classes, got {callbacks!r}.")
+
+
+def check_optimizer_holds_model_parameters(model: nn.Module, optimizer: Any) -> None:
+    """Fail when ``optimizer`` holds none of ``model``'s trainable parameters (some suffice).
+
+    An optimizer accelerate has already wrapped is not checked again: it may hold copies (DeepSpeed).
+    """
+    if isinstance(optimizer, AcceleratedOptimizer):
+        return
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if trainable and not trainable & held:
+        raise ValueError(
+            f"optimizer holds none of the model's {len(trainable)} trainable parameter tensors (it "
+            f"holds {len(held)} others), so training would change nothing: it was probably built over "
+            f"another model or a copy of this one. To fix it, create the optimizer from this model's "
+            f"parameters: torch.optim.SGD(model.parameters(), ...)."
+        )
+
+
+def check_optional_callable(value: Any, name: str, what: str, example: str = "") -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be {what} (or None), got {value!r} ({type(value).__name__}).{example}")
+
+
+def check_seed(seed: Any) -> None:
+    """A seed is a whole number numpy accepts (0 to 2**32 - 1), or None to leave the RNGs alone."""
+    check_whole_number(seed, "seed", minimum=0, optional=True)
+    if seed is not None and seed > 2**32 - 1:
+        raise ValueError(f"seed must be at most 2**32 - 1 (numpy's limit), got {seed}.")
+
+
+def check_dataloader_kwargs(kwargs: Any, name: str) -> None:
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"{name} must be a dict of DataLoader arguments (or None), got {type(kwargs).__name__}: "
+            f"{kwargs!r}. E.g. {name}={{'batch_size': 4}}."
+        )
+    if "batch_size" in kwargs:
+        check_whole_number(kwargs["batch_size"], f"{name}['batch_size']", optional=True)
+
+
+def check_flag(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
+
+
+def check_resume_from(resume_from: Any) -> None:
+    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+        raise TypeError(
+            f"resume_from must be a path (str or os.PathLike) to a training state or a folder of "
+            f"them, or None; got {resume_from!r} ({type(resume_from).__name__})."
+        )
+
+
+def _check_set_up_arguments(
     *,
-    optimizer: Any,
-    train_dataset: Any,
-    eval_dataset: Any,
-    num_epochs: Any,
-    per_device_batch_size: Any,
-    max_num_train_steps: Any,
-    gradient_accumulation_steps: Any,
-    gradient_clip_value: Any,
-    max_grad_norm: Any,
+    datasets: Any,
+    dataloader_kwargs: tuple[Any, Any],
+    create_scheduler_fn: Any,
+    collate_fn: Any,
+    seed: Any,
+    reset_run_history: Any,
+    resume_from: Any,
 ) -> None:
+    """The arguments of ``train()`` besides the counts and the data sets."""
+    check_optional_callable(
+        create_scheduler_fn,
+        "create_scheduler_fn",
+        "a function optimizer -> scheduler",
+        " E.g. create_scheduler_fn=CosineLrScheduler.create_scheduler_fn() or "
+        "functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10).",
+    )
+    check_collate_fn(collate_fn)
+    check_seed(seed)
+    check_flag(reset_run_history, "reset_run_history")
+    check_resume_from(resume_from)
+    check_dataloader_kwargs(dataloader_kwargs[0], "train_dataloader_kwargs")
+    check_dataloader_kwargs(dataloader_kwargs[1], "eval_dataloader_kwargs")
+
+
+def check_collate_fn(collate_fn: Any) -> None:
+    check_optional_callable(collate_fn, "collate_fn", "a function that makes a batch from a list of samples")
+
+
+def check_evaluate_arguments(dataset: Any, per_device_batch_size: Any, dataloader_kwargs: Any, collate_fn: Any, seed: Any) -> None:
+    """Check the arguments of ``evaluate()``."""
+    check_whole_number(per_device_batch_size, "per_device_batch_size")
+    check_dataset(dataset, "dataset")
+    check_dataloader_kwargs(dataloader_kwargs, "dataloader_kwargs")
+    check_collate_fn(collate_fn)
+    check_seed(seed)
+
+
+def check_epochs_have_batches(trainer: Any, evaluation: bool = False) -> None:
+    """Fail when a prepared loader of ``trainer``'s run (or of its ``evaluate()``) would give an
+    epoch of 0 batches (on one process; all have the same count). No collective call is made."""
+    processes = trainer.accelerator.num_processes
+    if evaluation:
+        _check_epoch_has_batches(trainer.eval_dataloader, trainer.eval_dataset, "dataset", processes)
+        return
+    _check_epoch_has_batches(trainer.train_dataloader, trainer.train_dataset, "train_dataset", processes)
+    _check_epoch_has_batches(trainer.eval_dataloader, trainer.eval_dataset, "eval_dataset", processes)
+
+
+def _check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes: int) -> None:
+    """``name`` is the data set's argument; the loader's arguments are named after it. A loader
+    without a length (a stream) is not checked."""
+    try:
+        if loader is None or len(loader) > 0:
+            return
+    except TypeError:  # a stream: its length is not known
+        return
+    kwargs_name = name.replace("dataset", "dataloader_kwargs")
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    batch_size, drop_last = getattr(batch_sampler, "batch_size", None), getattr(batch_sampler, "drop_last", False)
+    num_samples = len(dataset)
+    if not drop_last or batch_size is None:
+        raise ValueError(
+            f"{name} has {num_samples} samples but its data loader gives 0 batches per epoch on each "
+            f"process. Check the sampler or batch_sampler in {kwargs_name}."
+        )
+    largest = num_samples // num_processes
+    raise ValueError(
+        f"{name} has {num_samples} samples but per_device_batch_size x processes is {batch_size} x "
+        f"{num_processes} = {batch_size * num_processes} and drop_last=True: every epoch would have 0 "
+        f"batches. Pass drop_last=False in {kwargs_name}, "
+        + (f"a per_device_batch_size of at most {largest}, " if largest else "fewer processes, ")
+        + "or more data."
+    )
+
+
+def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) -> None:
+    """After a resume: warn and stop (a :class:`StopTrainingError`, which ends ``train()``
+    before it starts) when the resumed state already reached ``num_epochs`` or
+    ``max_num_train_steps``, so that nothing would be trained."""
+    limit = config.max_num_train_steps
+    if limit is not None:
+        if progress.global_step < limit and progress.epoch < config.num_epochs:
+            return
+        done, setting, value = f"{progress.global_step} optimizer updates", "max_num_train_steps", limit
+    else:
+        if progress.epoch < config.num_epochs:
+            return
+        done, setting, value = f"{progress.epoch} epochs", "num_epochs", config.num_epochs
+    message = (
+        f"Nothing to train: the state resumed from {resume_from} already completed {done} "
+        f"({setting}={value}). Pass a larger {setting} to continue."
+    )
+    warnings.warn(message, stacklevel=2)
+    raise StopTrainingError(message)
+
+
+def check_train_arguments(model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any) -> None:
+    """Check every argument of ``train()`` before anything is set up: ``settings`` holds the
+    counts and clipping values, ``set_up`` the keywords of the Trainer's set-up (the data sets,
+    loader arguments, ``create_scheduler_fn``, ``collate_fn``, ``seed``, ...)."""
     if optimizer is None:
         raise ValueError(
             "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
             "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
         )
-    check_whole_number(num_epochs, "num_epochs")
-    check_whole_number(per_device_batch_size, "per_device_batch_size")
-    check_whole_number(gradient_accumulation_steps, "gradient_accumulation_steps")
-    check_whole_number(max_num_train_steps, "max_num_train_steps", optional=True)
-    check_positive_number(gradient_clip_value, "gradient_clip_value")
-    check_positive_number(max_grad_norm, "max_grad_norm")
+    check_optimizer_holds_model_parameters(model, optimizer)
+    check_whole_number(settings["num_epochs"], "num_epochs")
+    check_whole_number(settings["per_device_batch_size"], "per_device_batch_size")
+    check_whole_number(settings["gradient_accumulation_steps"], "gradient_accumulation_steps")
+    check_whole_number(settings["max_num_train_steps"], "max_num_train_steps", optional=True)
+    check_positive_number(settings["gradient_clip_value"], "gradient_clip_value")
+    check_positive_number(settings["max_grad_norm"], "max_grad_norm")
+    train_dataset, eval_dataset = set_up["datasets"]
     check_dataset(train_dataset, "train_dataset")
     if eval_dataset is not None:
         check_dataset(eval_dataset, "eval_dataset")
+    _check_set_up_arguments(**set_up)
 
 
 def check_dataset(dataset: Any, name: str) -> None:
@@ -133,3 +303,34 @@ def batch_size_of(inputs: Any) -> int:
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() > 0 else 1
     return len(inputs)
+
+
+def loss_of(loss_func: Any, model_outputs: Any, targets: Any) -> Any:
+    """``loss_func(model_outputs, targets)``; when it fails on outputs that are not a tensor (a
+    tuple, a ``ModelOutput``), the error says so and how to fix it (chained to the original)."""
+    try:
+        return loss_func(model_outputs, targets)
+    except (TypeError, AttributeError) as error:
+        if isinstance(model_outputs, torch.Tensor):
+            raise
+        raise _model_outputs_error(model_outputs, error) from error
+
+
+def _model_outputs_error(model_outputs: Any, error: Exception) -> TypeError:
+    kind = type(model_outputs).__name__
+    if isinstance(model_outputs, tuple):
+        returned, pick = f"a tuple of {len(model_outputs)}", "outputs[0]"
+    elif isinstance(model_outputs, Mapping):
+        has_logits = hasattr(model_outputs, "logits")
+        model_output = "; a transformers ModelOutput?" if has_logits else ""
+        returned = f"a {kind} (a dict with keys {list(model_outputs)}{model_output})"
+        pick = "outputs.logits" if has_logits else "outputs[key]"
+    else:
+        returned, pick = f"a {kind}", "the logits"
+    return TypeError(
+        f"The model returned {returned}, not a tensor, and the loss function could not take it "
+        f"({type(error).__name__}: {error}). The default calculate_*_batch_loss passes the model's "
+        f"outputs to loss_func as they are: override calculate_train_batch_loss and "
+        f"calculate_eval_batch_loss to pass the logits ({pick}) to the loss, or wrap the model so "
+        f"that its forward() returns the logits."
+    )

@@ -5,18 +5,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from .._internal.validation import check_whole_number
+from ..checkpoints.finite import non_finite_loss_flag
+from ..data import batches_per_epoch
 from .events import StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
-
-#: TerminateOnNaNCallback folds its kept losses into one beyond this many, to bound memory.
-_MAX_UNCHECKED_LOSSES = 64
 
 
 class MoveModulesToDeviceCallback(TrainerCallback):
@@ -38,43 +36,35 @@ class MoveModulesToDeviceCallback(TrainerCallback):
 class TerminateOnNaNCallback(TrainerCallback):
     """Stop training when a training loss is NaN or infinite, on every process at once.
 
-    Each step's loss is kept, detached, where it was computed; every ``check_every_n_steps``
-    batches (and at the end of each epoch) the kept losses are checked in one go and the
-    processes agree whether any saw a non-finite one; if so all raise :class:`StopTrainingError`
-    at the same step, so the run ends through the normal end hooks. The other steps cost no
-    device work and no device-to-host sync.
+    The Trainer already sums each step's loss on the device, and that sum is NaN or infinite
+    once any loss of the epoch was: it is the flag, kept on the device at no extra cost. Every
+    ``check_every_n_steps`` optimizer updates (default 10) and at the end of each epoch, the
+    processes read it and agree (one collective call, one host read) whether any saw a
+    non-finite loss; if so, all raise :class:`StopTrainingError` at the same step, so the run
+    ends through the normal end hooks within ``check_every_n_steps`` updates of the first
+    non-finite loss. The other steps cost no device work and no device-to-host sync. Every save
+    of weights (training states, save-best, EMA, WSD) makes the same check first, so a NaN
+    never reaches a checkpoint even between two checks.
+
+    Args:
+        check_every_n_steps: optimizer updates between two checks; 1 checks after every
+            update (a device-to-host sync per step).
     """
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
         self.check_every_n_steps = check_whole_number(
             check_every_n_steps, "check_every_n_steps", owner="TerminateOnNaNCallback"
         )
-        self._unchecked_losses: list[torch.Tensor] = []
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._unchecked_losses = []
-
-    def on_train_step_end(
-        self, trainer: Trainer, batch: Any = None, batch_output: dict[str, Any] | None = None, *args: Any, **kwargs: Any
-    ) -> None:
-        if batch_output is not None:
-            self._unchecked_losses.append(batch_output["loss"].detach())
-        if trainer.progress.batch_index % self.check_every_n_steps == 0:
+    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+        if is_update_step and trainer.progress.global_step % self.check_every_n_steps == 0:
             self._stop_if_non_finite(trainer)
-        elif len(self._unchecked_losses) >= _MAX_UNCHECKED_LOSSES:
-            self._unchecked_losses = [self._largest_unchecked_loss()]
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._stop_if_non_finite(trainer)
-
-    def _largest_unchecked_loss(self) -> torch.Tensor:
-        # Finite exactly when every kept loss is: NaN and inf propagate through amax.
-        return torch.stack(self._unchecked_losses).abs().amax()
+        self._stop_if_non_finite(trainer)  # before the epoch's sum is reset
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
-        flag = ~torch.isfinite(self._largest_unchecked_loss()) if self._unchecked_losses else False
-        self._unchecked_losses = []
-        if trainer.any_process(flag):
+        if trainer.any_process(non_finite_loss_flag(trainer)):
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
                 f"of epoch {trainer.progress.epoch + 1}; stopping the run."
@@ -91,7 +81,8 @@ class PrintProgressCallback(TrainerCallback):
             return
         trainer.print(
             f"\nStarting training run: {config.num_epochs} epochs, "
-            f"{config.num_update_steps_per_epoch} updates per epoch, {config.num_processes} process(es)"
+            f"{config.num_update_steps_per_epoch or 'an unknown number of'} updates per epoch, "
+            f"{config.num_processes} process(es)"
         )
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -122,7 +113,7 @@ class ProgressBarCallback(TrainerCallback):
 
     def _open(self, trainer: Trainer, dataloader: Any, desc: str, position: int) -> Any:
         return tqdm(
-            total=len(dataloader),
+            total=batches_per_epoch(dataloader),  # None for a stream: a bar without a total
             desc=desc,
             disable=not trainer.is_local_process_zero,
             leave=False,

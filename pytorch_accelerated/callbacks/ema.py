@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..checkpoints.finite import NonFiniteStateError
 from ..utils import ModelEma
 from .events import CallbackHandler, TrainerCallback
 from .monitoring import MetricWatchingCallback
@@ -51,6 +52,10 @@ class ModelEmaCallback(MetricWatchingCallback):
       final EMA weights are saved at the end of the run instead.
     - At ``on_training_run_end``, when ``load_saved_checkpoint``, the best saved EMA weights are
       loaded back into the EMA copy (``ema_model.module``); the trained model is left as it is.
+    - EMA weights that hold NaN or infinity (or follow a non-finite training loss) are never
+      saved: during the run the refused save stops it
+      (:class:`~pytorch_accelerated.checkpoints.finite.NonFiniteStateError`); at its end the
+      refusal is printed. The file keeps the last finite EMA weights saved.
 
     Args:
         decay: the weight kept by the average at each update, in [0, 1].
@@ -167,8 +172,9 @@ class ModelEmaCallback(MetricWatchingCallback):
         value = self.read_new_value(trainer)
         if value is None or not self.agree_improvement(trainer, value):
             return
-        self.best_metric, self.best_epoch = value, trainer.progress.epoch + 1
-        self._save(trainer, {"epoch": self.best_epoch, self.watch_metric: value})
+        epoch = trainer.progress.epoch + 1
+        self._save(trainer, {"epoch": epoch, self.watch_metric: value})  # refused: stops the run
+        self.best_metric, self.best_epoch = value, epoch
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_end(trainer)
@@ -176,7 +182,10 @@ class ModelEmaCallback(MetricWatchingCallback):
         if self.ema_model is None or self.save_path is None:
             return
         if not self.evaluate_during_training:
-            self._save(trainer, {"epoch": self._epoch})
+            try:
+                self._save(trainer, {"epoch": self._epoch})
+            except NonFiniteStateError as error:  # the run ends anyway: the other end hooks run
+                trainer.print(str(error))
         elif self.load_saved_checkpoint and self.best_epoch is not None:
             trainer.load_checkpoint(self.save_path, load_optimizer=False, load_scheduler=False, model=self.ema_model.module)
             trainer.print(

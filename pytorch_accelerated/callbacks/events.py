@@ -147,6 +147,10 @@ class CallbackHandler:
         self.callbacks: list[TrainerCallback] = []
         self._custom_events: set[str] = set()
         self._dispatch: dict[str, list[tuple[TrainerCallback, Callable[..., Any]]]] = {}
+        #: The event being fired (None between events) and the last one fired: messages about a
+        #: failure say where it happened.
+        self.current_event: str | None = None
+        self.last_event: str | None = None
         self.add_callbacks(callbacks)
 
     def register_event(self, event: str) -> None:
@@ -191,6 +195,7 @@ class CallbackHandler:
         An exception raised by a callback reaches the caller unchanged, with a note that names
         the callback and the event.
         """
+        self.current_event = self.last_event = event
         handlers = self._dispatch.get(event)
         if handlers is None:
             handlers = self._build_dispatch(event)
@@ -202,6 +207,7 @@ class CallbackHandler:
             except Exception as error:
                 _add_note(error, f"raised in callback {type(callback).__name__}.{event}")
                 raise
+        self.current_event = None
 
     def _build_dispatch(self, event: str) -> list[tuple[TrainerCallback, Callable[..., Any]]]:
         if event not in TRAINER_EVENTS and event not in self._custom_events:

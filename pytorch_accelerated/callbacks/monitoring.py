@@ -125,6 +125,10 @@ class SaveBestModelCallback(MetricWatchingCallback):
     counts, however small. At ``on_training_run_end`` (also after an early stop) the best
     model weights are loaded back into the model when ``load_saved_checkpoint``.
 
+    Weights that hold NaN or infinity (or follow a non-finite training loss) are never saved:
+    the save is refused with :class:`~pytorch_accelerated.checkpoints.finite.NonFiniteStateError`,
+    which stops the run, and the file keeps the best finite weights.
+
     Place it before an :class:`EarlyStoppingCallback`, so that an epoch is saved before a stop.
 
     Args:
@@ -162,17 +166,16 @@ class SaveBestModelCallback(MetricWatchingCallback):
         value = self.read_new_value(trainer)
         if value is None or not self.agree_improvement(trainer, value):
             return
-        self.best_metric, self.best_epoch = value, trainer.progress.epoch + 1
+        epoch = trainer.progress.epoch + 1
+        # Refused (NonFiniteStateError, which stops the run) when the weights or the loss are
+        # not finite: the best so far then stays the one in the file.
         trainer.save_checkpoint(
             self.save_path,
-            checkpoint_kwargs={
-                "epoch": self.best_epoch,
-                "global_step": trainer.progress.global_step,
-                self.watch_metric: value,
-            },
+            checkpoint_kwargs={"epoch": epoch, "global_step": trainer.progress.global_step, self.watch_metric: value},
             save_optimizer=self.save_optimizer,
             save_scheduler=self.save_scheduler,
         )
+        self.best_metric, self.best_epoch = value, epoch
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_end(trainer)

@@ -8,8 +8,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
-from ..checkpoints.state_dirs import list_complete_states
+from ..checkpoints.finite import NonFiniteStateError
+from ..checkpoints.state_dirs import list_complete_states, read_manifest
 from .events import StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:
@@ -26,13 +30,20 @@ class SaveTrainingStateCallback(TrainerCallback):
         save_every_n_steps: save after every N-th optimizer update.
         save_at_end: save when the run ends (also after an early stop).
         max_checkpoints: keep only the newest N states (older ones are deleted after a
-            successful save); None keeps all.
-        handle_signals: signals that mean "the job is about to be stopped" (preemption). On
-            receiving one, every process finishes its current optimizer step, the state is
-            saved, and the run ends cleanly through the normal end hooks, so the job can exit
-            0 and the next launch resumes. Pass ``()`` to leave signals alone.
-        check_signals_every_n_steps: with several processes, how often they agree whether a
-            signal arrived (a collective call); with one process, every step (free).
+            successful save, but never the newest finite one); None keeps all.
+        handle_signals: signals that mean "the job is about to be stopped" (preemption;
+            ``signal.SIGINT`` too, if named). On receiving one, the run stops at the next safe
+            point (after an optimizer update, an evaluation batch, at the end of an epoch, or
+            after the last step), every process at the same one; the state is saved there, a
+            line names the signal and the directory, and the run ends cleanly through the
+            normal end hooks, so the job can exit 0 and the next launch resumes. With several
+            processes, a process the signal finds stuck (in a collective whose peer died) exits
+            after ``PT_ACC_SIGNAL_GRACE`` seconds (default 10). Pass ``()`` to leave signals
+            alone. See docs/checkpoints.md, "Signals and preemption".
+        check_signals_every_n_steps: with several processes, how often (in optimizer updates,
+            and in evaluation batches) they agree whether a signal arrived (a collective call);
+            also at every epoch end and at the end of the run. With one process, every time
+            (free).
     """
 
     def __init__(
@@ -65,6 +76,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_step: int | None = None
         self._stopped_by_signal = False
+        self._saved_at: tuple[Any, ...] | None = None  # the position of the last save
+        self._eval_steps = 0  # evaluation batches of the current evaluation epoch
+        self._watchdog: SignalWatchdog | None = None
 
     # ------------------------------------------------------------------ signals
 
@@ -75,64 +89,194 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.signal_received = None
         self._stopped_by_signal = False
+        self._saved_at = None
+        self._eval_steps = 0
+        self._install(trainer)
+
+    def _install(self, trainer: Trainer) -> None:
+        """Handle the signals (possible in the main thread only) and, with several processes,
+        start the watchdog that ends a process a signal finds stuck in a collective."""
+        grace = signal_grace_s() if self.handle_signals and trainer.accelerator.num_processes > 1 else None
         for signum in self.handle_signals:
             try:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
             except ValueError:  # not the main thread: signals cannot be handled here
-                break
+                return
+        if grace is not None:
+            self._watchdog = SignalWatchdog(self.handle_signals, grace, lambda: describe_position(trainer))
+            self._watchdog.start()
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         try:
             if self.save_at_end and not self._stopped_by_signal:
-                self._save(trainer)
+                self._save_here(trainer, at_end=True)
+            self._honour_signal_after_last_step(trainer)
         finally:
-            self._restore_handlers()
+            self._release()
+
+    def _honour_signal_after_last_step(self, trainer: Trainer) -> None:
+        """A signal that arrived after the last check (the last step, the end save): the state
+        saved at the end covers it (one is saved now if ``save_at_end`` is off); say so."""
+        if self._stopped_by_signal:
+            return
+        signum = self._agreed_signal(trainer)
+        if signum is None:
+            return
+        if self._watchdog is not None:
+            self._watchdog.settle()
+        directory = self._save_here(trainer, at_end=True)
+        saved = f"the training state saved to {directory} covers it" if directory else "no training state was saved"
+        trainer.print(f"Received {signal.Signals(signum).name} after the last step: {saved}.")
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self._restore_handlers()
+        self._release()
 
-    def _restore_handlers(self) -> None:
+    def _release(self) -> None:
+        """Put back the signal handlers (and the wakeup fd) that were there before the run."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
 
-    # ------------------------------------------------------------------ saving
+    def _agreed_signal(self, trainer: Trainer, count: int | None = None) -> int | None:
+        """The signal that any process received, the same answer on every process, or None.
+
+        With several processes this is a collective call, made when ``count`` (of updates or
+        evaluation batches) is a multiple of ``check_signals_every_n_steps``, and always
+        without a count (epoch ends, the end of the run).
+        """
+        if not self._previous_handlers:  # not handling signals (or not in a training run)
+            return None
+        if trainer.accelerator.num_processes == 1:
+            return self.signal_received
+        if count is not None and count % self.check_signals_every_n_steps:
+            return None
+        mine = torch.tensor([self.signal_received or 0], device=trainer.device)
+        received = [int(signum) for signum in trainer.accelerator.gather(mine).tolist() if signum]
+        return received[0] if received else None
+
+    def _stop(self, trainer: Trainer, signum: int) -> None:
+        """Save the state here (unless it just was) and end the run cleanly, on every process."""
+        if self._watchdog is not None:
+            self._watchdog.settle()
+        self._stopped_by_signal = True
+        name = signal.Signals(signum).name
+        try:
+            directory = self._save_here(trainer)
+        except NonFiniteStateError:
+            trainer.print(f"Received {name}, but the training state was not saved (see below); stopping.")
+            raise
+        raise StopTrainingError(f"received {name}; saved the training state to {directory}")
+
+    # ------------------------------------------------------------------ safe points
 
     def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if not is_update_step:  # inside an accumulation window: nothing to save
             return
         global_step = trainer.progress.global_step
         if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
-            self._save(trainer)
-        if self.handle_signals and self._signal_agreed(trainer):
-            if self._last_saved_step != global_step:
-                self._save(trainer)
-            self._stopped_by_signal = True
-            trainer.print(f"Received signal {self.signal_received}: saved the training state, stopping.")
-            raise StopTrainingError(f"signal {self.signal_received}")
+            self._save_here(trainer)
+        signum = self._agreed_signal(trainer, global_step)
+        if signum is not None:
+            self._stop(trainer, signum)
 
-    def _signal_agreed(self, trainer: Trainer) -> bool:
-        if trainer.accelerator.num_processes == 1:
-            return self.signal_received is not None
-        if trainer.progress.global_step % self.check_signals_every_n_steps:
+    def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        self._eval_steps = 0
+
+    def on_eval_step_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+        # An evaluation batch boundary is a safe point, when training is at an update boundary
+        # (an intermediate evaluation inside an accumulation window waits for the update).
+        self._eval_steps += 1
+        if self._previous_handlers and self._at_update_boundary(trainer):
+            signum = self._agreed_signal(trainer, self._eval_steps)
+            if signum is not None:
+                self._stop(trainer, signum)
+
+    @staticmethod
+    def _at_update_boundary(trainer: Trainer) -> bool:
+        config, index = trainer.run_config, trainer.progress.batch_index
+        if config is None:
             return False
-        return trainer.any_process(self.signal_received is not None)
+        try:
+            return index % config.gradient_accumulation_steps == 0 or index == len(trainer.train_dataloader)
+        except TypeError:  # a loader without a length
+            return False
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
         if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
-            self._save(trainer)
+            self._save_here(trainer)
+        signum = self._agreed_signal(trainer)
+        if signum is not None:
+            self._stop(trainer, signum)
 
-    def _save(self, trainer: Trainer) -> None:
-        trainer.save_training_state(self.save_dir / f"step-{trainer.progress.global_step:08d}")
+    # ------------------------------------------------------------------ saving
+
+    def _save_here(self, trainer: Trainer, at_end: bool = False) -> Path | None:
+        """Save a state at the current position unless one was saved there already; return its
+        directory, or None when none was written (a non-finite state at the end of the run)."""
+        position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
+        directory = self.save_dir / f"step-{trainer.progress.global_step:08d}"
+        if position == self._saved_at:
+            return directory
+        before, self._last_saved_step = self._last_saved_step, None
+        if self._watchdog is not None:  # a save's barriers may take long: not a hang
+            self._watchdog.pause()
+        try:
+            self._save(trainer, at_end=at_end)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.resume()
+        if self._last_saved_step is None:  # not written (only at the end, where that is printed)
+            self._last_saved_step = before
+            return None
+        self._saved_at = position
+        return directory
+
+    def _save(self, trainer: Trainer, at_end: bool = False) -> None:
+        """Save a state, then delete the oldest beyond ``max_checkpoints``.
+
+        A state with NaN or infinity is not written (:class:`NonFiniteStateError`, which stops a
+        run); at the end of the run, when it is stopping anyway, that is only printed, so the
+        other end hooks still run.
+        """
+        directory = self.save_dir / f"step-{trainer.progress.global_step:08d}"
+        try:
+            trainer.save_training_state(directory)
+        except NonFiniteStateError as error:
+            if not at_end:
+                raise
+            trainer.print(str(error))
+            return
         self._last_saved_step = trainer.progress.global_step
         if self.max_checkpoints is not None and trainer.is_world_process_zero:
-            states = list_complete_states(self.save_dir)
-            for _, old in states[: max(0, len(states) - self.max_checkpoints)]:
-                shutil.rmtree(old, ignore_errors=True)
+            _delete_old_states(self.save_dir, self.max_checkpoints, just_saved=directory)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_saved_step": self._last_saved_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last_saved_step = state["last_saved_step"]
+
+
+def _delete_old_states(save_dir: Path, keep: int, just_saved: Path) -> None:
+    """Delete the oldest complete training states of ``save_dir`` until ``keep`` are left,
+    never ``just_saved`` nor the newest finite state.
+
+    A state is known to be finite when its manifest says ``"finite": true`` (every state this
+    version writes; it refuses to write any other) or it is ``just_saved``. States of older
+    versions, without that key, and states marked ``"finite": false`` may be deleted, but they
+    never make rotation delete the newest finite one, even when they are newer.
+    """
+    states = [path for _, path in list_complete_states(save_dir)]  # oldest first
+    finite = [path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True]
+    protected = {just_saved, *finite[-1:]}
+    excess = len(states) - keep
+    for path in states:
+        if excess <= 0:
+            return
+        if path not in protected:
+            shutil.rmtree(path, ignore_errors=True)
+            excess -= 1

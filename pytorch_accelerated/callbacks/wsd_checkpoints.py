@@ -29,6 +29,10 @@ class WSDCheckpointCallback(TrainerCallback):
     ``phase`` (``"pre_decay"`` or ``"post_decay"``), ``checkpoint_index`` and
     ``checkpoint_step``. :attr:`saved_checkpoints` lists the files written.
 
+    Weights that hold NaN or infinity (or follow a non-finite training loss) are never saved:
+    the save is refused with :class:`~pytorch_accelerated.checkpoints.finite.NonFiniteStateError`,
+    which stops the run, and nothing is added to :attr:`saved_checkpoints`.
+
     ``initial_checkpoint`` is loaded at ``on_training_run_start``: the model and optimizer
     states (the file must hold the optimizer state, as it does by default), and the scheduler
     state when the file has one, so that the old schedule carries on from the saved step (e.g.

@@ -6,10 +6,16 @@ single-file checkpoints, and through them save-best, EMA, WSD and save-at-end) c
 time, that the weights it is about to write and the training loss since the epoch began are
 finite; when they are not, nothing is written and :class:`NonFiniteStateError` ends the run as
 ``TerminateOnNaNCallback`` would. Knows nothing of the Trainer beyond its public attributes.
+
+The training loss needs no bookkeeping of its own: the Trainer sums each step's loss on the
+device (``trainer.run_state.train_loss.running_total``), and that sum is NaN or infinite once
+any loss of the epoch was. Reading it is the only host read, made at checks only.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,14 +38,25 @@ class NonFiniteStateError(StopTrainingError):
 
 
 def non_finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
-    """A device tensor that is > 0 when any floating-point value in ``tensors`` is NaN or
+    """A device tensor that is true when any floating-point value in ``tensors`` is NaN or
     infinite (no host read); None when there is nothing to check."""
     floats = [tensor.detach() for tensor in tensors if torch.is_floating_point(tensor) and tensor.numel()]
     if not floats:
         return None
-    # NaN and inf propagate through the sum of absolute maxima; one small tensor per device.
+    # The largest magnitude of each tensor (NaN propagates through it), one kernel per
+    # device and dtype; each is finite in its own dtype, and cat promotes to the widest one.
     maxima = torch._foreach_norm(floats, ord=float("inf"))
-    return torch.stack([m.to(maxima[0].device) for m in maxima]).sum().isfinite().logical_not()
+    device = maxima[0].device
+    return torch.cat([maximum.reshape(1).to(device) for maximum in maxima]).isfinite().all().logical_not()
+
+
+def non_finite_loss_flag(trainer: Trainer) -> torch.Tensor | bool:
+    """True (a device tensor, no host read) when a training loss of the current epoch was NaN
+    or infinite on this process: their weighted sum, kept by the Trainer, then is too."""
+    total = trainer.run_state.train_loss.running_total
+    if isinstance(total, torch.Tensor):
+        return total.detach().isfinite().logical_not()
+    return not math.isfinite(float(total))
 
 
 def state_is_finite(state: Mapping[str, Any]) -> bool:
@@ -50,18 +67,37 @@ def state_is_finite(state: Mapping[str, Any]) -> bool:
 
 def check_finite_before_save(trainer: Trainer, model: nn.Module | None, what: str) -> None:
     """Raise :class:`NonFiniteStateError` on every process if the weights of ``model`` (default:
-    the Trainer's) or this epoch's training loss are not finite on any process.
+    the Trainer's; parameters and floating-point buffers) or this epoch's training loss are not
+    finite on any process.
 
-    A collective (every process must call it, as every save is); one host read.
+    ``what`` names what would have been written (e.g. ``"the training state 'states/step-8'"``);
+    the error names it, the step, what was not finite and on which process. A collective
+    (every process must call it, as every save is); one host read.
     """
     source = trainer.model if model is None else model
-    flags = [non_finite_flag(source.parameters())]
-    loss_total = trainer.run_state.train_loss.running_total
-    if isinstance(loss_total, torch.Tensor):
-        flags.append(loss_total.detach().isfinite().logical_not())
-    flag: Any = any(bool(f.item()) for f in flags if f is not None)  # one read per flag, at save time only
-    if trainer.any_process(flag):
-        raise NonFiniteStateError(
-            f"Not saving {what}: the weights or the training loss hold NaN or infinity at step "
-            f"{trainer.progress.global_step}; stopping the run so that no earlier finite state is lost."
-        )
+    weights = non_finite_flag(itertools.chain(source.parameters(), source.buffers()))
+    device = trainer.device
+    flags = torch.zeros(2, device=device)
+    if weights is not None:
+        flags[0] = weights.to(device)
+    flags[1] = torch.as_tensor(non_finite_loss_flag(trainer), device=device)
+    # One row per process, read once: which processes saw what.
+    rows = trainer.accelerator.gather(flags).reshape(-1, 2).tolist()
+    if any(value > 0 for row in rows for value in row):
+        raise NonFiniteStateError(_refusal(trainer, what, rows))
+
+
+_REASONS = ("the weights hold NaN or infinity", "the training loss of this epoch was NaN or infinite")
+
+
+def _refusal(trainer: Trainer, what: str, rows: list[list[float]]) -> str:
+    """The one line that says what was not saved, at which step, and why (on which processes)."""
+    reasons = []
+    for column, reason in enumerate(_REASONS):
+        ranks = [str(rank) for rank, row in enumerate(rows) if row[column] > 0]
+        if ranks:
+            reasons.append(reason + (f" (on process {', '.join(ranks)})" if len(rows) > 1 else ""))
+    return (
+        f"Not saving {what} at step {trainer.progress.global_step}: {' and '.join(reasons)}; "
+        f"nothing was written, and what was saved before is kept."
+    )

@@ -13,8 +13,9 @@ Knows nothing of the Trainer. A training state is a directory::
 
 The directory is written under a hidden temporary name beside its final one and renamed into
 place only once the manifest is written, so a process killed mid-save leaves either the
-previous state or the new one, never a half-written directory that looks complete. Every file
-is loaded with ``weights_only=True``.
+previous state or the new one, never a half-written directory that looks complete. A save
+that fails removes its temporary directory (see :func:`remove_temporary`). Every file is
+loaded with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .files import safe_torch_load
+from .files import safe_torch_load, write_failure, write_torch_file
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"
@@ -39,19 +40,41 @@ def temporary_dir_for(output_dir: Path) -> Path:
     return output_dir.parent / f".{output_dir.name}.incomplete"
 
 
+def make_temporary_dir(output_dir: Path) -> Path:
+    """Create the empty hidden directory that a state for ``output_dir`` is written into.
+
+    Raises:
+        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file).
+    """
+    temporary = temporary_dir_for(output_dir)
+    try:
+        if temporary.exists():  # left by a save that was killed
+            shutil.rmtree(temporary)
+        temporary.mkdir(parents=True)
+    except OSError as error:
+        raise write_failure(error, temporary, "creating") from error
+    return temporary
+
+
+def remove_temporary(output_dir: Path) -> None:
+    """Remove what a failed save of ``output_dir`` left behind (nothing if it left nothing)."""
+    shutil.rmtree(temporary_dir_for(output_dir), ignore_errors=True)
+
+
 def write_file(obj: Any, path: Path) -> None:
-    with open(path, "wb") as file:
-        torch.save(obj, file)
-        file.flush()
-        os.fsync(file.fileno())
+    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`files.write_torch_file`)."""
+    write_torch_file(obj, path)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     manifest = {"format": FORMAT, "version": VERSION, "complete": True, **manifest}
-    with open(directory / MANIFEST, "w") as file:
-        json.dump(manifest, file, indent=2, sort_keys=True)
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with open(directory / MANIFEST, "w") as file:
+            json.dump(manifest, file, indent=2, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        raise write_failure(error, directory / MANIFEST) from error
 
 
 def publish(temporary: Path, output_dir: Path) -> None:
@@ -64,7 +87,12 @@ def publish(temporary: Path, output_dir: Path) -> None:
         shutil.rmtree(aside)
     if output_dir.exists():
         os.replace(output_dir, aside)
-    os.replace(temporary, output_dir)
+    try:
+        os.replace(temporary, output_dir)
+    except OSError as error:
+        if aside.exists():  # put the earlier state back
+            os.replace(aside, output_dir)
+        raise write_failure(error, output_dir, "publishing") from error
     _fsync_dir(output_dir.parent)
     if aside.exists():
         shutil.rmtree(aside)
@@ -101,16 +129,29 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
     """
+    return candidate_states(path)[0][0]
+
+
+def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
+    """The training states to try for ``path``, newest first, and whether ``path`` names one.
+
+    A state directory (or the one recovered from a save killed between its two renames) is the
+    only candidate, and True says so (a caller must not fall back from it); a folder gives its
+    complete states, newest (highest global step, then latest written) first, and False.
+
+    Raises:
+        FileNotFoundError / ValueError: with what was found, when there is no complete state.
+    """
     path = Path(path)
     if not path.is_dir():
         # A save that replaced a state of the same name may have been killed between its two
         # renames: the complete new state, or else the old one, is still there under a hidden name.
         for hidden in (temporary_dir_for(path), path.parent / f".{path.name}.replaced"):
             if read_manifest(hidden) is not None:
-                return hidden
+                return [hidden], True
         raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
     if read_manifest(path) is not None:
-        return path
+        return [path], True
     if (path / MANIFEST).exists() or (path / "model.pt").exists():
         raise ValueError(
             f"resume_from={str(path)!r} is an incomplete training state (its manifest is missing or "
@@ -125,7 +166,7 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
             f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
             f"Pass a directory written by save_training_state or SaveTrainingStateCallback."
         )
-    return max(complete)[2]
+    return [child for _, _, child in sorted(complete, reverse=True)], False
 
 
 def list_complete_states(save_dir: Path) -> list[tuple[int, Path]]:

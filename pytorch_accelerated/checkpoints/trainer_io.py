@@ -10,14 +10,16 @@ and :mod:`.state_dirs`, which know nothing of the Trainer.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
 from torch import nn
 
-from . import files, state_dirs
+from ..data import batches_per_epoch
+from . import files, finite, state_checks, state_dirs
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -37,6 +39,7 @@ def save_checkpoint(
     save_per_node: bool,
     model: nn.Module | None = None,
 ) -> None:
+    finite.check_finite_before_save(trainer, model, f"the checkpoint {str(save_path)!r}")
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     reserved = _RESERVED & set(extra)
     if reserved:
@@ -51,9 +54,8 @@ def save_checkpoint(
         checkpoint["scheduler_state_dict"] = trainer.scheduler.state_dict()
     checkpoint.update(extra)
     writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
-    if writer:
-        files.atomic_torch_save(checkpoint, save_path)
-    accelerator.wait_for_everyone()
+    error = _attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None
+    _agree_on_save(trainer, error, "the checkpoint", Path(save_path))
 
 
 def load_checkpoint(
@@ -67,76 +69,115 @@ def load_checkpoint(
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
         raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
     target = trainer.get_model() if model is None else model
-    load_model_state(target, checkpoint.pop("model_state_dict"), str(checkpoint_path))
+    # Everything is checked before anything is loaded, so a bad file changes nothing.
+    state_checks.check_model_state(target, checkpoint["model_state_dict"], str(checkpoint_path))
     optimizer_state = checkpoint.pop("optimizer_state_dict", None)
     scheduler_state = checkpoint.pop("scheduler_state_dict", None)
-    if load_optimizer and trainer.optimizer is not None:
+    load_optimizer = load_optimizer and trainer.optimizer is not None
+    load_scheduler = load_scheduler and scheduler_state is not None and trainer.scheduler is not None
+    if load_optimizer:
         if optimizer_state is None:
             raise ValueError(f"{str(checkpoint_path)!r} holds no optimizer state; pass load_optimizer=False.")
-        trainer.optimizer.load_state_dict(optimizer_state)
-    if load_scheduler and scheduler_state is not None and trainer.scheduler is not None:
-        trainer.scheduler.load_state_dict(scheduler_state)
+        state_checks.check_object_state(trainer.optimizer, optimizer_state, f"{checkpoint_path} (optimizer_state_dict)")
+    if load_scheduler:
+        state_checks.check_object_state(trainer.scheduler, scheduler_state, f"{checkpoint_path} (scheduler_state_dict)")
+    target.load_state_dict(checkpoint.pop("model_state_dict"))
+    if load_optimizer:
+        cast(Any, trainer.optimizer).load_state_dict(optimizer_state)
+    if load_scheduler:
+        cast(Any, trainer.scheduler).load_state_dict(scheduler_state)
     return checkpoint
 
 
 def load_model_state(model: nn.Module, state: dict[str, Any], source: str) -> None:
     """Load ``state`` into ``model`` (unwrapped), or explain exactly how it does not fit."""
-    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
-    found = {name: tuple(value.shape) for name, value in state.items()}
-    problems = []
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    if missing:
-        problems.append(f"missing keys {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_few(unexpected)}")
-    mismatched = [
-        f"{name}: {found[name]} in the file, {expected[name]} in the model"
-        for name in sorted(set(found) & set(expected))
-        if found[name] != expected[name]
-    ]
-    if mismatched:
-        problems.append(f"size mismatch for {_few(mismatched)}")
-    if problems:
-        raise RuntimeError(
-            f"The checkpoint {source!r} does not fit this model ({type(model).__name__}): "
-            + "; ".join(problems)
-            + ". Was it saved from a different model?"
-        )
+    state_checks.check_model_state(model, state, source)
     model.load_state_dict(state)
 
 
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+def _attempt(action: Callable[..., Any], *args: Any) -> Exception | None:
+    """Run one step of a save; return its error instead of raising it, so that every process
+    can agree on the outcome (an interrupt is raised at once)."""
+    try:
+        action(*args)
+    except Exception as error:
+        return error
+    return None
+
+
+def failed_ranks(trainer: Trainer, failed: bool) -> list[int]:
+    """The processes on which ``failed`` is true, known on every process (a collective)."""
+    accelerator = trainer.accelerator
+    if accelerator.num_processes == 1:
+        return [0] if failed else []
+    flags = accelerator.gather(torch.tensor([float(failed)], device=trainer.device))
+    return [rank for rank, flag in enumerate(flags.tolist()) if flag]
+
+
+def _agree_on_save(trainer: Trainer, error: Exception | None, what: str, target: Path) -> None:
+    """Raise on every process if a step of saving ``what`` to ``target`` failed on any.
+
+    The process that failed raises its own error, as a :class:`files.CheckpointWriteError`
+    naming ``target`` and the OS error when there was one; the others say which process failed.
+    """
+    failed = failed_ranks(trainer, error is not None)
+    if not failed:
+        return
+    if what == "the training state":
+        state_dirs.remove_temporary(target)
+    intact = "the previous states are intact" if what == "the training state" else "an earlier file there is unchanged"
+    if error is None:
+        raise files.CheckpointWriteError(
+            None, f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
+            f"write it (its output says why). Nothing was written; {intact}.", target
+        )
+    if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
+        raise files.CheckpointWriteError(
+            error.errno, f"Could not save {what} to {target}: {error.message}. Nothing was written; "
+            f"{intact}. {files.write_hint(error, target)}", target
+        ) from error
+    raise error
 
 
 # ---------------------------------------------------------------------------- training states
 
 
 def save_training_state(trainer: Trainer, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None) -> None:
+    finite.check_finite_before_save(trainer, None, f"the training state {str(output_dir)!r}")
     output_dir = Path(output_dir)
-    accelerator = trainer.accelerator
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     position = _position_to_save(trainer)
-    model_state = accelerator.get_state_dict(trainer.model)  # collective for sharded models
+    model_state = trainer.accelerator.get_state_dict(trainer.model)  # collective for sharded models
+    try:
+        _write_training_state(trainer, output_dir, position, model_state, extra)
+    except KeyboardInterrupt:
+        state_dirs.remove_temporary(output_dir)
+        raise
+
+
+def _write_training_state(
+    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    """Write the state into its hidden directory, then publish it. The processes agree after
+    each step, so a step that fails on one process raises on all, with nothing left behind."""
+    accelerator = trainer.accelerator
+    main = accelerator.is_main_process
+    what = "the training state"
     temporary = state_dirs.temporary_dir_for(output_dir)
-    if accelerator.is_main_process:
-        if temporary.exists():  # left by a save that was killed
-            shutil.rmtree(temporary)
-        temporary.mkdir(parents=True)
-    accelerator.wait_for_everyone()
+    _agree_on_save(trainer, _attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
     # Each process writes what is its own: its RNGs and its share of the epoch's loss so far.
     own = {"rng": state_dirs.capture_rng_states(), **trainer.run_state.process_state_dict(position["batch_index"] > 0)}
-    state_dirs.write_file(own, temporary / f"rng_state_{accelerator.process_index}.pt")
-    if accelerator.is_main_process:
-        written = _write_shared_files(trainer, temporary, model_state, _trainer_state(trainer, position, extra))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+    error = _attempt(state_dirs.write_file, own, temporary / f"rng_state_{accelerator.process_index}.pt")
+    written: list[str] = []
+    if main and error is None:
+        trainer_state = _trainer_state(trainer, position, extra)
+        error = _attempt(lambda: written.extend(_write_shared_files(trainer, temporary, model_state, trainer_state)))
+    _agree_on_save(trainer, error, what, output_dir)
+    if main:
         rank_files = [f"rng_state_{rank}.pt" for rank in range(accelerator.num_processes)]
-        state_dirs.write_manifest(temporary, _manifest(trainer, position, sorted(written + rank_files)))
-        state_dirs.publish(temporary, output_dir)
-    accelerator.wait_for_everyone()
+        manifest = _manifest(trainer, position, sorted(written + rank_files))
+        error = _attempt(state_dirs.write_manifest, temporary, manifest) or _attempt(state_dirs.publish, temporary, output_dir)
+    _agree_on_save(trainer, error, what, output_dir)
 
 
 def _write_shared_files(trainer: Trainer, directory: Path, model_state: dict[str, Any], trainer_state: dict[str, Any]) -> list[str]:
@@ -164,10 +205,11 @@ def _manifest(trainer: Trainer, position: dict[str, int], file_names: list[str])
     return {
         **position,
         "files": file_names,
+        "finite": True,  # every save checks the weights first (see finite.check_finite_before_save)
         "num_processes": trainer.accelerator.num_processes,
         "per_device_batch_size": config.train_per_device_batch_size if config else None,
         "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
-        "num_batches_per_epoch": len(loader) if loader is not None else None,
+        "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
     }
 
 
@@ -178,7 +220,8 @@ def _position_to_save(trainer: Trainer) -> dict[str, int]:
         # The epoch's last event has fired: a resumed run starts the next epoch.
         position.update(epoch=position["epoch"] + 1, batch_index=0, epoch_step=0)
     elif config is not None and position["batch_index"] % config.gradient_accumulation_steps:
-        if position["batch_index"] != len(trainer.train_dataloader):
+        # The partial last window of an epoch ends with an update; a stream's end is not known here.
+        if position["batch_index"] != batches_per_epoch(trainer.train_dataloader, position["batch_index"]):
             raise RuntimeError(
                 f"save_training_state was called in the middle of a gradient accumulation window "
                 f"(batch {position['batch_index']} with gradient_accumulation_steps="
@@ -213,32 +256,62 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     With ``resuming`` (``train(resume_from=...)``), the run's settings are checked against the
     saved ones first, and callback and RNG states wait in ``trainer.run_state.pending_resume``
     until the run's start events have fired (see :func:`apply_pending_resume`).
+
+    All or nothing: every file is read and checked (:mod:`.state_checks`) before anything is
+    changed. From a folder, a state that fails the checks (or holds non-finite weights) is
+    skipped with a warning for the newest good one; a state directory named explicitly is
+    never swapped for another.
     """
-    directory = state_dirs.resolve_state_dir(input_dir)
-    manifest = state_dirs.read_manifest(directory)
-    if manifest is None:  # resolve_state_dir returns complete states only
-        raise ValueError(f"{directory} is not a complete training state.")
+    loaded = choose_state(trainer, input_dir)
     if resuming:
-        _check_run_settings(trainer, manifest, directory)
-    load_model_state(trainer.get_model(), state_dirs.load_file(directory, "model.pt"), str(directory))
-    _load_stateful_objects(trainer, directory, set(manifest["files"]), resuming)
-    state = state_dirs.load_file(directory, "trainer_state.pt")
+        _check_run_settings(trainer, loaded.manifest, loaded.directory)
+    trainer.get_model().load_state_dict(loaded.model)
+    _load_stateful_objects(trainer, loaded, resuming)
+    state = loaded.trainer_state
     _restore_position(trainer, state)
-    rank_file = f"rng_state_{trainer.accelerator.process_index}.pt"
-    own = state_dirs.load_file(directory, rank_file if rank_file in manifest["files"] else "rng_state_0.pt")
-    trainer.run_state.load_process_state_dict(own, trainer.device)
-    trainer.run_state.pending_resume = {"callbacks": state["callbacks"], "rng": own["rng"]}
+    trainer.run_state.load_process_state_dict(loaded.process_state, trainer.device)
+    trainer.run_state.pending_resume = {"callbacks": state["callbacks"], "rng": loaded.process_state["rng"]}
     if not resuming:
         apply_pending_resume(trainer)
     return state["checkpoint_kwargs"]
 
 
-def _load_stateful_objects(trainer: Trainer, directory: Path, saved: set[str], resuming: bool) -> None:
+def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks.LoadedState:
+    """Read and check the state at ``input_dir``, or the newest good one in the folder
+    ``input_dir``, agreeing across processes (every process must call this).
+
+    Raises:
+        The error of an explicitly named state that fails the checks; a ValueError listing
+        every candidate and its problem when none in a folder passes.
+    """
+    candidates, explicit = state_dirs.candidate_states(input_dir)
+    model, targets, rank = trainer.get_model(), dict(_stateful_objects(trainer)), trainer.accelerator.process_index
+    problems: list[tuple[Path, Exception]] = []
+    for directory in candidates:
+        loaded: state_checks.LoadedState | None = None
+        try:
+            loaded = state_checks.read_training_state(directory, model, targets, rank)
+        except Exception as error:  # any failure to read a state is a reason to try the next one
+            problems.append((directory, error))
+        failed = failed_ranks(trainer, loaded is None)
+        if loaded is not None and not failed:
+            for bad, problem in problems:
+                warnings.warn(f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.", stacklevel=4)
+            return loaded
+        if loaded is not None:
+            problems.append((directory, ValueError(f"process {', '.join(map(str, failed))} could not read it (its output says why).")))
+        if explicit:
+            raise problems[-1][1]
+    found = "; ".join(f"{directory.name}: {error}" for directory, error in problems)
+    raise ValueError(f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: {found}).")
+
+
+def _load_stateful_objects(trainer: Trainer, loaded: state_checks.LoadedState, resuming: bool) -> None:
     for name, obj in _stateful_objects(trainer):
-        if name in saved and obj is not None:
-            obj.load_state_dict(state_dirs.load_file(directory, name))
+        if name in loaded.objects:
+            obj.load_state_dict(loaded.objects[name])
         elif name == "scheduler.pt" and obj is not None and resuming:
-            warnings.warn(f"{directory} holds no scheduler state; the new scheduler starts from its first step.", stacklevel=4)
+            warnings.warn(f"{loaded.directory} holds no scheduler state; the new scheduler starts from its first step.", stacklevel=4)
 
 
 def _restore_position(trainer: Trainer, state: dict[str, Any]) -> None:
@@ -272,10 +345,11 @@ def _check_run_settings(trainer: Trainer, manifest: dict[str, Any], directory: P
     now = (config.num_processes, config.train_per_device_batch_size, config.gradient_accumulation_steps)
     mid_epoch = manifest["batch_index"] > 0
     if saved == now:
-        if mid_epoch and manifest["num_batches_per_epoch"] != len(trainer.train_dataloader):
+        num_batches = batches_per_epoch(trainer.train_dataloader)
+        if mid_epoch and manifest["num_batches_per_epoch"] != num_batches:
             raise ValueError(
                 f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
-                f"but this run has {len(trainer.train_dataloader)}: the training set differs, so the saved "
+                f"but this run has {num_batches}: the training set differs, so the saved "
                 f"position means nothing here. Resume with the same data set."
             )
         return
@@ -324,6 +398,11 @@ class CheckpointMethods:
         values and paths in ``checkpoint_kwargs`` are stored as safe equivalents (numbers,
         tensors, strings). ``model`` saves the weights of another model (e.g. an EMA copy) in
         the same layout. Every process must call this.
+
+        Raises:
+            CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.files`)
+                on every process when the file could not be written, naming it and the OS
+                error; an earlier file at ``save_path`` is kept and no temporary file is left.
         """
         save_checkpoint(self._trainer(), save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node, model)
 
@@ -336,7 +415,11 @@ class CheckpointMethods:
         model: nn.Module | None = None,
     ) -> dict[str, Any]:
         """Load a file written by :meth:`save_checkpoint` (never running code from it); return
-        its ``checkpoint_kwargs``. ``model`` loads the weights into another model."""
+        its ``checkpoint_kwargs``. ``model`` loads the weights into another model.
+
+        Everything is checked (the file, the model's keys and shapes, the optimizer's parameter
+        groups) before anything is loaded, so a file that does not fit changes nothing.
+        """
         return load_checkpoint(self._trainer(), checkpoint_path, load_optimizer, load_scheduler, model)
 
     def save_training_state(self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
@@ -347,6 +430,8 @@ class CheckpointMethods:
         exact position (epoch, optimizer step, batch). The directory appears only once
         complete. Every process must call this, between optimizer updates (not inside an
         accumulation window). Continue a run with ``train(..., resume_from=output_dir)``.
+        A save that fails (disk full, a parent that is a file) removes what it wrote and raises
+        ``CheckpointWriteError`` on every process, naming the directory and the OS error.
 
         >>> import tempfile, torch
         >>> from pytorch_accelerated import Trainer
@@ -370,7 +455,9 @@ class CheckpointMethods:
     def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
         """Restore a state saved by :meth:`save_training_state`; return its ``checkpoint_kwargs``.
 
-        ``input_dir`` may be a state directory or a folder of them (the newest complete one is
-        taken). To continue training from it, use ``train(..., resume_from=input_dir)``.
+        ``input_dir`` may be a state directory or a folder of them (the newest good one is
+        taken: a newer one that is damaged or holds non-finite weights is skipped with a
+        warning). Every file is checked before anything is loaded, so a bad state changes
+        nothing. To continue training from it, use ``train(..., resume_from=input_dir)``.
         """
         return load_training_state(self._trainer(), input_dir)

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.distributed
 
 PER_DEVICE_BATCH = 4
 SIZES = [37, 9, 3]
+#: Every size >= 1 with any batch size: some need a padding batch (e.g. 3 samples, batch 1).
+GRID = [(num_samples, batch_size) for num_samples in (1, 2, 3, 5, 33) for batch_size in (1, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         str(PER_DEVICE_BATCH),
         "--sizes",
         json.dumps(SIZES),
+        "--grid",
+        json.dumps(GRID),
         nproc=2,
     )
     return run.results
@@ -108,3 +112,31 @@ def test_gather_concatenates_tensors_of_different_lengths_without_padding(
 def test_gather_with_padding_value_pads_the_shorter_tensor(ranks: list[dict[str, Any]]) -> None:
     expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0], [-1.0, -1.0], [-1.0, -1.0]]
     assert [result["gather_padded"] for result in ranks] == [expected, expected]
+
+
+@pytest.mark.parametrize(("num_samples", "batch_size"), GRID)
+def test_any_size_and_batch_size_evaluates_each_sample_once_as_one_process_would(
+    ranks: list[dict[str, Any]], worker_common: ModuleType, num_samples: int, batch_size: int
+) -> None:
+    model = worker_common.make_mlp(seed=0)
+    x, _ = worker_common.make_data(num_samples, seed=2)
+    with torch.no_grad():
+        predictions = model(x)
+    expected_loss = plain_pytorch_mean_loss(worker_common, num_samples)
+    for result in ranks:
+        run = result[f"grid_{num_samples}_{batch_size}"]
+        assert sorted(run["gathered"]) == list(range(num_samples))
+        order = sorted(range(num_samples), key=run["gathered"].__getitem__)
+        torch.testing.assert_close(torch.tensor(run["predictions"])[order], predictions)
+        assert run["evaluation_loss"] == pytest.approx(expected_loss, rel=1e-6)
+    runs = [result[f"grid_{num_samples}_{batch_size}"] for result in ranks]
+    assert len(runs[0]["local_batches"]) == len(runs[1]["local_batches"])
+    own = [[i for batch, pad in zip(run["local_batches"], run["padding"], strict=True) if not pad for i in batch] for run in runs]
+    assert sorted(own[0] + own[1]) == list(range(num_samples))
+    for run in runs:  # padding batches (a repeated sample) only ever come last
+        assert run["padding"] == sorted(run["padding"])
+
+
+def test_a_process_with_too_few_samples_gets_marked_padding_batches(ranks: list[dict[str, Any]]) -> None:
+    assert [result["grid_3_1"]["padding"] for result in ranks] == [[False, False], [False, True]]
+    assert [result["grid_1_3"]["padding"] for result in ranks] == [[False], [True]]

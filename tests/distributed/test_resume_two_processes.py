@@ -26,7 +26,9 @@ pytestmark = pytest.mark.distributed
 
 TOTAL_STEPS = 27  # 3 epochs x 9 steps, in workers/resume_worker.py
 PAUSE_AT_STEP = 5
-STOP_STEP = 10  # SaveTrainingStateCallback's processes agree on a signal every 10 steps
+# SaveTrainingStateCallback's processes agree on a signal every 10 steps and at every epoch
+# end: the first agreement after step 5 is the end of epoch 1, at step 9.
+STOP_STEP = 9
 MID_EPOCH_STEP = 12  # step 3 of epoch 2: batch 6 of 17
 
 
@@ -124,4 +126,5 @@ def test_sigterm_to_both_processes_saves_one_state_at_the_same_step_and_both_exi
     assert sorted(saved) == ["step-00000004", "step-00000008", f"step-{STOP_STEP:08d}"]
     manifest = saved[f"step-{STOP_STEP:08d}"]
     assert manifest["global_step"] == STOP_STEP and manifest["num_processes"] == 2
+    assert (manifest["epoch"], manifest["batch_index"]) == (1, 0)  # saved at the epoch end: resumes at epoch 2
     assert {"rng_state_0.pt", "rng_state_1.pt"} <= set(manifest["files"])

@@ -2,7 +2,9 @@
 
 Each rank writes, per data set: the indices it evaluated (batch by batch), the indices gathered
 from all ranks with ``gather_for_metrics``, and the ``evaluation_loss`` returned by
-``evaluate()``. Then it checks ``trainer.gather`` on tensors of a different length per rank.
+``evaluate()``. ``--grid`` adds ``[num_samples, batch_size]`` pairs, for which the gathered
+predictions and which batches were padding are kept too. Then it checks ``trainer.gather`` on
+tensors of a different length per rank.
 """
 
 from __future__ import annotations
@@ -25,21 +27,25 @@ class RecordSampleIndices(TrainerCallback):
     def __init__(self) -> None:
         self.local: list[list[int]] = []
         self.gathered: list[int] = []
+        self.padding: list[bool] = []
+        self.predictions: list[list[float]] = []
 
     def on_eval_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
-        self.local, self.gathered = [], []
+        self.local, self.gathered, self.padding, self.predictions = [], [], [], []
 
     def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
         indices = batch[2]
         self.local.append(indices.tolist())
+        self.padding.append(trainer.eval_batch_is_padding)
         self.gathered.extend(trainer.gather_for_metrics(indices).tolist())
+        self.predictions.extend(trainer.gather_for_metrics(batch_output["model_outputs"]).tolist())
 
     def record(self) -> dict[str, Any]:
         return {"local_batches": self.local, "gathered": self.gathered}
 
 
 def main() -> None:
-    args = parse_args({"batch-size": 4, "sizes": "[]"})
+    args = parse_args({"batch-size": 4, "sizes": "[]", "grid": "[]"})
     recorder = RecordSampleIndices()
     model = make_mlp(seed=0)
     # lr=0: the eval after a training epoch sees the same fixed model as evaluate() does.
@@ -54,6 +60,16 @@ def main() -> None:
         metrics = trainer.evaluate(dataset, per_device_batch_size=args.batch_size)
         result[f"evaluate_{num_samples}"] = {
             **recorder.record(),
+            "evaluation_loss": metrics["evaluation_loss"],
+        }
+
+    for num_samples, batch_size in json.loads(args.grid):
+        dataset = RegressionDataset(num_samples, seed=2, with_index=True)
+        metrics = trainer.evaluate(dataset, per_device_batch_size=batch_size)
+        result[f"grid_{num_samples}_{batch_size}"] = {
+            **recorder.record(),
+            "padding": recorder.padding,
+            "predictions": recorder.predictions,
             "evaluation_loss": metrics["evaluation_loss"],
         }
 

@@ -7,7 +7,7 @@ The run: an MLP with dropout (each process draws its own masks), AdamW, a cosine
 warm-up, per-device batch 2, gradient accumulation 2, 66 samples (17 batches per process, a
 partial last window: 9 optimizer steps per epoch), 3 epochs, an evaluation set, and
 ``SaveTrainingStateCallback`` saving into ``--save-dir`` every 4 steps, with its default SIGTERM
-handling (the processes agree every 10 steps whether a signal arrived).
+handling (the processes agree every 10 steps, and at every epoch end, whether a signal arrived).
 
 ``--pause-at-step N``: after step N, rank 0 writes ``paused`` and waits until it receives its
 signal; rank 1 runs on into the next step and waits for rank 0 inside the gradient all-reduce.

@@ -1,0 +1,154 @@
+"""All-or-nothing loads: every file of a state is read and checked before anything is changed.
+
+A training state (or a single-file checkpoint) is first read whole and checked against the
+objects it is meant for: each file present and loadable, the model's keys and shapes, the
+optimizer's parameter groups, the keys that each file must hold, and finite weights. Only a
+state that passes every check is loaded, so a truncated optimizer or RNG file fails before the
+model's weights are replaced. Knows nothing of the Trainer: it is given the objects to check
+against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from . import files, finite, state_dirs
+
+TRAINER_STATE_KEYS = ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed")
+PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
+PROCESS_STATE_KEYS = ("rng", "train_loss")
+RNG_KEYS = ("python", "torch")
+
+
+class StateMismatchError(RuntimeError):
+    """A saved state that does not fit the object it would be loaded into (another model or
+    optimizer); the message lists what differs."""
+
+
+class UnusableStateError(ValueError):
+    """A training state that cannot be resumed from: a file that lacks what it must hold, or
+    NaN or infinite weights."""
+
+
+@dataclass
+class LoadedState:
+    """Every file of a training state, read and checked, ready to be loaded."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    model: dict[str, Any]
+    objects: dict[str, Any]  # file name (optimizer.pt, scheduler.pt, scaler.pt) -> its state dict
+    trainer_state: dict[str, Any]
+    process_state: dict[str, Any]  # this process's RNG states and share of the epoch's loss
+
+
+def read_training_state(directory: Path, model: nn.Module, targets: Mapping[str, Any], rank: int) -> LoadedState:
+    """Read and check every file of the training state ``directory`` that this process needs.
+
+    ``targets`` maps the file names of stateful objects (``optimizer.pt``, ...) to the objects
+    they would be loaded into (None: skipped). Nothing is changed.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, files.CheckpointFileError, pickle.UnpicklingError:
+            a file that is missing or cannot be loaded. StateMismatchError: a file that does not
+            fit its object. UnusableStateError: a file that lacks what it must hold, or weights
+            that are not finite.
+    """
+    manifest = state_dirs.read_manifest(directory)
+    if manifest is None:
+        raise UnusableStateError(f"{directory} is not a complete training state (its manifest is missing or unreadable).")
+    if manifest.get("finite") is False:
+        raise UnusableStateError(f"{directory} holds NaN or infinite weights (so its manifest records).")
+    listed = set(manifest.get("files", ()))
+    model_state = _read(directory, "model.pt")
+    check_model_state(model, model_state, str(directory))
+    if not finite.state_is_finite(model_state):
+        raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
+    objects = {name: _read(directory, name) for name, target in targets.items() if name in listed and target is not None}
+    for name, state in objects.items():
+        check_object_state(targets[name], state, str(directory / name))
+    trainer_state = _read(directory, "trainer_state.pt")
+    require_keys(trainer_state, TRAINER_STATE_KEYS, directory / "trainer_state.pt")
+    require_keys(trainer_state["progress"], PROGRESS_KEYS, directory / "trainer_state.pt", "progress")
+    require_keys(trainer_state["run_history"], ("current_epoch",), directory / "trainer_state.pt", "run_history")
+    rank_file = f"rng_state_{rank}.pt"
+    rank_file = rank_file if rank_file in listed else "rng_state_0.pt"  # saved with fewer processes
+    process_state = _read(directory, rank_file)
+    require_keys(process_state, PROCESS_STATE_KEYS, directory / rank_file)
+    require_keys(process_state["rng"], RNG_KEYS, directory / rank_file, "rng")
+    return LoadedState(directory, manifest, model_state, objects, trainer_state, process_state)
+
+
+def _read(directory: Path, name: str) -> Any:
+    path = directory / name
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} is missing {name}: the state was changed after it was saved.")
+    return files.safe_torch_load(path)
+
+
+def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: str | None = None) -> None:
+    """Raise :class:`UnusableStateError` unless ``value`` is a dict holding every key of ``keys``."""
+    where = f"{source}" + (f" (its {part!r})" if part else "")
+    if not isinstance(value, Mapping):
+        raise UnusableStateError(f"{where} holds a {type(value).__name__} where a dict with {list(keys)} belongs: it was not written by this library.")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise UnusableStateError(f"{where} lacks {missing}: it was not written by this version of the library, or was changed.")
+
+
+def check_model_state(model: nn.Module, state: Any, source: str) -> None:
+    """Raise :class:`StateMismatchError` naming the missing, unexpected and mismatched keys
+    unless ``state`` fits ``model`` (unwrapped) exactly."""
+    if not isinstance(state, Mapping) or not all(hasattr(value, "shape") for value in state.values()):
+        raise StateMismatchError(f"The checkpoint {source!r} holds no model state dict (a dict of tensors).")
+    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    found = {name: tuple(value.shape) for name, value in state.items()}
+    problems = []
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing:
+        problems.append(f"missing keys {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_few(unexpected)}")
+    mismatched = [
+        f"{name}: {found[name]} in the file, {expected[name]} in the model"
+        for name in sorted(set(found) & set(expected))
+        if found[name] != expected[name]
+    ]
+    if mismatched:
+        problems.append(f"size mismatch for {_few(mismatched)}")
+    if problems:
+        raise StateMismatchError(
+            f"The checkpoint {source!r} does not fit this model ({type(model).__name__}): "
+            + "; ".join(problems)
+            + ". Was it saved from a different model?"
+        )
+
+
+def check_object_state(target: Any, state: Any, source: str) -> None:
+    """Raise unless ``state`` could be loaded into ``target`` (an optimizer: the same parameter
+    groups with the same numbers of parameters; anything else: a dict)."""
+    if not isinstance(state, Mapping):
+        raise UnusableStateError(f"{source} holds a {type(state).__name__}, not the state dict of a {type(target).__name__}.")
+    groups = getattr(target, "param_groups", None)
+    if groups is None:
+        return
+    if not isinstance(state.get("param_groups"), list) or "state" not in state:
+        raise UnusableStateError(f"{source} is not an optimizer state (it has no 'state' and 'param_groups').")
+    saved = [len(group.get("params", ())) for group in state["param_groups"]]
+    now = [len(group["params"]) for group in groups]
+    if saved != now:
+        raise StateMismatchError(
+            f"{source} does not fit this optimizer: it holds {len(saved)} parameter group(s) of {saved} "
+            f"parameters, the optimizer has {len(now)} of {now}. Was it saved with another model or optimizer?"
+        )
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
