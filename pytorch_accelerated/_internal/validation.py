@@ -221,16 +221,18 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     if limit is not None:
         if progress.global_step < limit and progress.epoch < config.num_epochs:
             return
-        done, setting, value = f"{progress.global_step} optimizer updates", "max_num_train_steps", limit
+        updates = f"{progress.global_step} optimizer update" + ("s" if progress.global_step != 1 else "")
+        done, setting, value = updates, "max_num_train_steps", limit
     else:
         if progress.epoch < config.num_epochs:
             return
-        done, setting, value = f"{progress.epoch} epochs", "num_epochs", config.num_epochs
+        epochs = f"{progress.epoch} epoch" + ("s" if progress.epoch != 1 else "")
+        done, setting, value = epochs, "num_epochs", config.num_epochs
     message = (
         f"Nothing to train: the state resumed from {resume_from} already completed {done} "
         f"({setting}={value}). Pass a larger {setting} to continue."
     )
-    warnings.warn(message, stacklevel=2)
+    warnings.warn(message, stacklevel=5)  # the caller of train()
     raise StopTrainingError(message)
 
 

@@ -14,7 +14,7 @@ from pytorch_accelerated.checkpoints.files import safe_torch_load
 
 pytestmark = pytest.mark.distributed
 
-ONSETS = (3, 8, 12)  # workers/nan_safety.py
+ONSETS = tuple(range(1, 13))  # workers/nan_safety.py: every update of an epoch
 CHECK_EVERY = 10  # TerminateOnNaNCallback's default
 
 
@@ -39,7 +39,7 @@ def test_every_kept_state_is_finite_and_the_newest_is_the_last_before_the_nan(
 ) -> None:
     save_dir = run.out_dir / f"states-{onset}"
     steps = {}
-    for directory in save_dir.iterdir():
+    for directory in save_dir.iterdir() if save_dir.exists() else ():  # none before a NaN at update 1 or 2
         assert not directory.name.startswith("."), f"left behind: {directory}"
         weights = safe_torch_load(directory / "model.pt")
         assert all(bool(torch.isfinite(value).all()) for value in weights.values()), directory

@@ -1,6 +1,7 @@
 """A save that fails on one rank of 2 raises on both, at once, and leaves nothing behind.
 
-Rank 0 alone creates the state's directory, so a parent that is a file fails there only;
+A state whose RNG file of rank 1 alone is damaged is skipped by both ranks when resuming from
+its folder: they agree on the state to load. Rank 0 alone creates the state's directory, so a parent that is a file fails there only;
 rank 1 alone runs under a file-size limit, so writing its own RNG file fails there only. The
 other rank must not wait forever for the one that failed: each raises, the failed rank with
 the OS error, the other naming the rank to look at. Afterwards both save again in step and
@@ -22,7 +23,7 @@ TIMEOUT_S = 90.0
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> WorkerRun:
     out = tmp_path_factory.mktemp("save_faults")
-    return launch_workers("save_faults.py", out, "--cases", "parent_is_file,fsize", "--fault-rank", "1", timeout_s=TIMEOUT_S)
+    return launch_workers("save_faults.py", out, "--cases", "parent_is_file,fsize,damaged_rank_file", "--fault-rank", "1", timeout_s=TIMEOUT_S)
 
 
 def results(run: WorkerRun, case: str) -> list[dict[str, Any]]:
@@ -59,3 +60,16 @@ def test_after_the_failures_both_ranks_save_again_resume_and_leave_no_litter(run
     hidden = [path for path in run.out_dir.rglob(".*") if path.relative_to(run.out_dir).parts[0] != "tmp"]
     assert hidden == []
     assert run.elapsed_s < TIMEOUT_S
+
+
+def test_a_state_damaged_for_rank_1_only_is_skipped_by_both_ranks_when_resuming(run: WorkerRun) -> None:
+    resumed = results(run, "damaged_rank_file")
+    assert [result["start_step"] for result in resumed] == [2, 2], run.describe()  # epoch-1's state
+    assert [result["global_step"] for result in resumed] == [6, 6]
+    warnings = [result["skipped"] for result in resumed]
+    assert [len(skipped) for skipped in warnings] == [1, 1]
+    for (warning,) in warnings:
+        assert warning.startswith(f"Skipped the training state {run.out_dir / 'fallback' / 'epoch-2'}: ")
+        assert warning.endswith(f"Resuming from {run.out_dir / 'fallback' / 'epoch-1'} instead.")
+    assert "process 1 could not read it (its output says why)" in warnings[0][0]  # rank 0
+    assert "rng_state_1.pt" in warnings[1][0]  # rank 1 names its file

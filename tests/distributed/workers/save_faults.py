@@ -9,6 +9,8 @@ Trains a little, saves a first training state, then runs each case named by ``--
 - ``interrupt``: the same limit, but the failing write also brings a real SIGINT (the SIGXFSZ
   handler lifts the limit and sends it), as a Ctrl-C in the middle of ``torch.save``.
 - ``checkpoint_fsize``: ``save_checkpoint`` over an existing file under the limit.
+- ``damaged_rank_file``: not a save: a folder whose newest state has a truncated RNG file of
+  rank 1 only; resuming from the folder must skip that state on both ranks, together.
 
 Each case records the exception type, message and errno on every rank, then (the limit
 lifted) saves again to show that the processes are still in step, and resumes from the first
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from common import RegressionDataset, make_mlp, parse_args, rank, write_result
 from torch import nn
 
 from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import TrainerCallback
 
 LIMIT_BYTES = 1024
 NO_LIMIT = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
@@ -87,13 +91,46 @@ def run_case(trainer: Trainer, case: str, out: Path, fault_rank: int) -> dict[st
     return result
 
 
+class RecordStart(TrainerCallback):
+    """Records the step a run starts from (after the resumed state went in)."""
+
+    def __init__(self) -> None:
+        self.start_step: int | None = None
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.start_step = trainer.progress.global_step
+
+
+def resume_past_a_damaged_rank_file(out: Path) -> dict[str, Any]:
+    """States after epochs 1 and 2; the newer one's rng_state_1.pt is cut short."""
+    trainer = new_trainer()
+    train(trainer)
+    trainer.save_training_state(out / "fallback" / "epoch-1")
+    train(trainer, num_epochs=2, resume_from=out / "fallback" / "epoch-1")
+    trainer.save_training_state(out / "fallback" / "epoch-2")
+    damaged = out / "fallback" / "epoch-2" / "rng_state_1.pt"
+    if trainer.is_world_process_zero:
+        damaged.write_bytes(damaged.read_bytes()[:100])
+    trainer.accelerator.wait_for_everyone()
+    start = RecordStart()
+    resumed = Trainer(resumed_model := make_mlp(), nn.MSELoss(), torch.optim.Adam(resumed_model.parameters()), callbacks=[start])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(resumed, num_epochs=3, resume_from=out / "fallback")
+    skipped = [str(w.message) for w in caught if "Skipped the training state" in str(w.message)]
+    return {"start_step": start.start_step, "skipped": skipped, "global_step": resumed.progress.global_step}
+
+
 def main() -> None:
     args = parse_args({"cases": "fsize", "fault-rank": 0})
     trainer = new_trainer()
     train(trainer)
     trainer.save_training_state(args.out / "states" / "step-1")
     trainer.save_checkpoint(args.out / "model.pt", checkpoint_kwargs={"version": 1})
-    results = {case: run_case(trainer, case, args.out, args.fault_rank) for case in args.cases.split(",")}
+    cases = args.cases.split(",")
+    results = {case: run_case(trainer, case, args.out, args.fault_rank) for case in cases if case != "damaged_rank_file"}
+    if "damaged_rank_file" in cases:
+        results["damaged_rank_file"] = resume_past_a_damaged_rank_file(args.out)
     write_result(args.out, results)
 
 
