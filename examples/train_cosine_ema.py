@@ -102,16 +102,19 @@ def main():
     train_dataset, validation_dataset, test_dataset = load_digit_splits(args.seed)
     model = create_model()
     loss_func = nn.CrossEntropyLoss()
-    ema_callback = ModelEmaCallback(decay=args.ema_decay, save_path=args.output_dir / "ema_model.pt")
+    # Only the callbacks given to ModelEmaCallback see its evaluation: the same accuracy
+    # callback, passed to both, records accuracy for the model and ema_model_accuracy for the EMA.
+    accuracy_callback = AccuracyCallback()
+    ema_callback = ModelEmaCallback(
+        decay=args.ema_decay, save_path=args.output_dir / "ema_model.pt", callbacks=(accuracy_callback,)
+    )
     trainer = Trainer(
         model,
         loss_func=loss_func,
         optimizer=optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        # Metrics first, so LogMetricsCallback prints them; the EMA callback last, so that the
-        # model's evaluation is complete (accuracy recorded, progress bar closed) before the
-        # EMA's evaluation epoch starts, which records ema_model_eval_loss_epoch and
-        # ema_model_accuracy through the same callbacks.
-        callbacks=(AccuracyCallback(), LearningRateCallback(), *DEFAULT_CALLBACKS, ema_callback),
+        # Metrics first, so LogMetricsCallback prints them; the EMA callback last, after the
+        # epoch's metrics are recorded, so that the EMA's evaluation follows the model's.
+        callbacks=(accuracy_callback, LearningRateCallback(), *DEFAULT_CALLBACKS, ema_callback),
     )
     trainer.train(
         train_dataset=train_dataset,

@@ -10,9 +10,11 @@ The house, read top-down (each layer imports only the layers below it)::
                         wsd_checkpoints, sync_batchnorm
     checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
                         directories), finite (no NaN is ever written), state_checks (every
-                        file checked before anything is loaded), trainer_io (the Trainer's
-                        save and load methods)
-    schedulers/         SchedulerBase and friends, cosine, wsd (import nothing from the trainer)
+                        file checked before anything is loaded), original_states (reading
+                        0.1.x training states), trainer_io (the Trainer's save and load methods)
+    schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
+                        trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
+                        them under 0.1.61's module paths
     data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
                         RunState (the loop's own working state)
@@ -27,14 +29,32 @@ The house, read top-down (each layer imports only the layers below it)::
                         watchdog for a process a stop signal finds stuck), errors
                         (StopTrainingError, public through callbacks)
 
-Public names are those of SPEC.md; see docs/inside-the-trainer.md for the loop.
+Public names are those of SPEC.md and COMPAT.md; see docs/inside-the-trainer.md for the loop.
+Importing the package changes no random state: call :func:`set_seed` (accelerate's: Python,
+NumPy and torch on every device) for a reproducible script. 0.1.61 ran ``set_seed(42)`` on
+import, which silently reseeded the importing program.
 """
 
+import logging
+
 from accelerate import notebook_launcher
+from accelerate import notebook_launcher as accelerate_notebook_launcher
+from accelerate.utils import set_seed
 
 from .placeholders import TrainerPlaceholderValues
 from .trainer import Trainer
 
 __version__ = "0.2.0"
 
-__all__ = ["Trainer", "TrainerPlaceholderValues", "notebook_launcher", "__version__"]
+#: The package's logger (``logging.getLogger("pytorch_accelerated")``), as in 0.1.61.
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Trainer",
+    "TrainerPlaceholderValues",
+    "notebook_launcher",
+    "accelerate_notebook_launcher",
+    "set_seed",
+    "logger",
+    "__version__",
+]

@@ -15,7 +15,13 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ._internal.accelerate_support import needs_preparing, prepare_optimizer, shared_random_seed
+from ._internal.accelerate_support import (
+    needs_preparing,
+    prepare_optimizer,
+    prepare_together,
+    prepares_together,
+    shared_random_seed,
+)
 from .data import (
     ReproducibleShuffleSampler,
     default_dataloader_kwargs,
@@ -24,7 +30,7 @@ from .data import (
     prepare_eval_dataloader,
     shard_evaluation,
 )
-from .run_config import RunState
+from .run_config import RunState, TrainerRunConfig
 
 
 class DataLoaderMethods:
@@ -37,6 +43,7 @@ class DataLoaderMethods:
     eval_dataset: Any
     collate_fn: Any
     run_state: RunState
+    run_config: TrainerRunConfig | None
     _seed: int | None
     _train_generator: torch.Generator | None
     _train_dataloader: Any
@@ -44,11 +51,32 @@ class DataLoaderMethods:
     _prepared_model: nn.Module | None
     _prepared_optimizer: Any
     _direct_steps: bool
+    #: The merged loader arguments of this run's ``create_*_dataloader`` calls ("train", "eval").
+    _merged_dl_kwargs: dict[str, dict[str, Any]]
 
     def _create_dataloaders(self, batch_size: int, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> None:
+        self._merged_dl_kwargs = {}
         self._train_dataloader = self.create_train_dataloader(batch_size, train_kwargs)
         if self.eval_dataset is not None:
             self._eval_dataloader = self.create_eval_dataloader(batch_size, eval_kwargs)
+
+    def _run_config_dl_kwargs(self, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The loader arguments the run config records: the merged ones the default
+        ``create_*_dataloader`` used, else (overridden) the ones passed to ``train()``."""
+        merged = getattr(self, "_merged_dl_kwargs", {})
+        return {"train_dl_kwargs": merged.get("train", train_kwargs), "eval_dl_kwargs": merged.get("eval", eval_kwargs)}
+
+    def _set_evaluation_run_config(self, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
+        """Give an evaluation on a Trainer that has not trained its own run config (callbacks
+        read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
+        if self.run_config is None or self.run_config.evaluation_only:
+            kwargs = getattr(self, "_merged_dl_kwargs", {}).get("eval", eval_kwargs)
+            self.run_config = TrainerRunConfig.for_evaluation(
+                self._accelerator, per_device_batch_size=batch_size, eval_dl_kwargs=kwargs, seed=self._seed
+            )
+
+    def _record_dl_kwargs(self, which: str, kwargs: dict[str, Any]) -> None:
+        self._merged_dl_kwargs = {**getattr(self, "_merged_dl_kwargs", {}), which: dict(kwargs)}
 
     def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
         """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
@@ -68,12 +96,13 @@ class DataLoaderMethods:
     def create_train_dataloader(self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
         """Return the training ``DataLoader`` (before it is prepared for distribution)."""
         kwargs = merge_dataloader_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+        self._record_dl_kwargs("train", kwargs)
         self.run_state.train_sampler = None
         self._train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(self.train_dataset):
             sampler = ReproducibleShuffleSampler(len(self.train_dataset), self._shuffle_seed())
             kwargs["sampler"] = self.run_state.train_sampler = sampler
-        return DataLoader(self.train_dataset, collate_fn=self.collate_fn, **kwargs)
+        return DataLoader(dataset=self.train_dataset, collate_fn=self.collate_fn, **kwargs)
 
     def create_eval_dataloader(self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
         """Return the evaluation ``DataLoader``.
@@ -82,14 +111,26 @@ class DataLoaderMethods:
         and the same number of batches (see :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`).
         """
         kwargs = merge_dataloader_kwargs(self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+        self._record_dl_kwargs("eval", kwargs)
         custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
             processes = (self._accelerator.num_processes, self._accelerator.process_index)
             kwargs = shard_evaluation(kwargs, len(self.eval_dataset), kwargs.get("batch_size") or batch_size, *processes)
-        return DataLoader(self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
+        return DataLoader(dataset=self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
-        """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
+        """Wrap the model and optimizer for distribution (once) and prepare the data loaders.
+
+        Under DeepSpeed (or with its ``DummyOptim``) model, optimizer and training loader go to
+        one ``prepare`` call, as DeepSpeed needs; otherwise each is prepared on its own, so that a
+        plain optimizer can be stepped directly where accelerate's wrapper would only call through.
+        """
+        model_pending = self._prepared_model is None or self.model is not self._prepared_model
+        optimizer_pending = self.optimizer is not None and self.optimizer is not self._prepared_optimizer
+        if (model_pending or optimizer_pending) and prepares_together(self._accelerator, self.optimizer):
+            prepared = prepare_together(self._accelerator, self.model, self.optimizer, self._train_dataloader)
+            self.model, self.optimizer, self._train_dataloader = prepared
+            self._prepared_model, self._prepared_optimizer, self._direct_steps = self.model, self.optimizer, False
         if self._prepared_model is None or self.model is not self._prepared_model:
             self.model = self._accelerator.prepare(self.model)
             self._prepared_model = self.model

@@ -33,6 +33,11 @@ class _Expression:
         self.placeholder = placeholder
         self.ops = ops
 
+    @property
+    def name(self) -> str:
+        """The name of the placeholder the expression starts from, e.g. ``"NUM_EPOCHS"``."""
+        return self.placeholder.name
+
     def __mul__(self, other: Any) -> _Expression:
         return _Expression(self.placeholder, (*self.ops, ("*", other)))
 
@@ -42,16 +47,38 @@ class _Expression:
     __rmul__ = __mul__
     __radd__ = __add__
 
+    def __sub__(self, other: Any) -> _Expression:
+        raise _no_subtraction()
+
+    __rsub__ = __sub__
+
+    def as_int(self) -> _Expression:
+        """Return this expression truncated to an ``int`` once resolved (``int(value)``)."""
+        return _Expression(self.placeholder, (*self.ops, ("int", None)))
+
     def resolve(self, trainer: Trainer) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
             if is_placeholder(operand):
                 operand = operand.resolve(trainer)
-            value = value * operand if op == "*" else value + operand
+            if op == "int":
+                value = int(value)
+            else:
+                value = value * operand if op == "*" else value + operand
         return value
 
     def __repr__(self) -> str:
-        return str(self.placeholder) + "".join(f" {op} {operand!r}" for op, operand in self.ops)
+        text = str(self.placeholder)
+        for op, operand in self.ops:
+            text = f"int({text})" if op == "int" else f"{text} {op} {operand!r}"
+        return text
+
+
+def _no_subtraction() -> NotImplementedError:
+    return NotImplementedError(
+        "Placeholders support only `* k` and `+ k` (as in pytorch-accelerated 0.1.61), not `-`; "
+        "write `placeholder + (-k)` to subtract k."
+    )
 
 
 def _unknown_length(placeholder: str, what: str) -> ValueError:
@@ -107,6 +134,10 @@ class TrainerPlaceholderValues(Enum):
     Over a training stream of unknown length (an ``IterableDataset`` without ``__len__``) the
     step counts are unknown (and so is ``NUM_EPOCHS`` with ``max_num_train_steps``): resolving
     them raises a ``ValueError`` that says so.
+
+    ``placeholder * k`` and ``placeholder + k`` are expressions with the same ``.name`` as the
+    placeholder; ``-`` raises ``NotImplementedError``, as in the original library. Members'
+    values are plain names resolved by attribute lookup: nothing is ever ``eval``-ed.
     """
 
     NUM_EPOCHS = "num_epochs"
@@ -119,6 +150,11 @@ class TrainerPlaceholderValues(Enum):
         """Return this placeholder's value for ``trainer``'s current run."""
         return _RESOLVERS[self.name](trainer)
 
+    @classmethod
+    def placeholder_set(cls) -> set[str]:
+        """Return the names of the placeholders, e.g. ``{"NUM_EPOCHS", ...}``."""
+        return {member.name for member in cls}
+
     def __mul__(self, other: Any) -> _Expression:
         return _Expression(self) * other
 
@@ -127,6 +163,11 @@ class TrainerPlaceholderValues(Enum):
 
     __rmul__ = __mul__
     __radd__ = __add__
+
+    def __sub__(self, other: Any) -> _Expression:
+        raise _no_subtraction()
+
+    __rsub__ = __sub__
 
 
 def is_placeholder(value: Any) -> bool:

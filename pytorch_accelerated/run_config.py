@@ -32,6 +32,16 @@ class TrainerRunConfig:
     ``train_total_batch_size`` is the number of samples that go into one update across all
     processes (per-device batch x processes x accumulation steps).
 
+    ``max_num_train_steps`` is the limit passed to ``train()`` or, when none was, the run's
+    length ``num_epochs x num_update_steps_per_epoch`` (as in 0.1.61, without its extra step);
+    ``train_steps_limit`` is the limit the run stops at (None: after ``num_epochs``).
+    ``train_dl_kwargs`` / ``eval_dl_kwargs`` are the loaders' arguments: the defaults with the
+    ``*_dataloader_kwargs`` passed to ``train()`` merged over them.
+
+    ``evaluate()`` on a Trainer that has not trained sets a config with ``evaluation_only``
+    True: one epoch, no updates (``num_update_steps_per_epoch`` and ``max_num_train_steps``
+    None), the evaluation's batch size and loader arguments for both loaders.
+
     When the training set is a stream of unknown length (an ``IterableDataset`` without
     ``__len__``), ``num_update_steps_per_epoch`` is None (an epoch is one pass over the stream)
     and, with ``max_num_train_steps``, ``num_epochs`` is only an upper bound (that many passes).
@@ -56,6 +66,8 @@ class TrainerRunConfig:
     num_processes: int
     max_grad_norm: float | None = None
     seed: int | None = None
+    train_steps_limit: int | None = None
+    evaluation_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,14 +109,37 @@ class TrainerRunConfig:
             eval_total_batch_size=eval_batch_size * processes,
             num_update_steps_per_epoch=steps_per_epoch,
             num_local_update_steps_per_epoch=steps_per_epoch,
-            max_num_train_steps=max_num_train_steps,
-            is_local_process_zero=accelerator.is_local_main_process,
-            is_world_process_zero=accelerator.is_main_process,
-            is_distributed=processes > 1,
-            mixed_precision=str(accelerator.mixed_precision),
-            num_processes=processes,
+            max_num_train_steps=_reported_max_steps(max_num_train_steps, num_epochs, steps_per_epoch),
+            train_steps_limit=max_num_train_steps,
+            **_process_fields(accelerator),
             max_grad_norm=max_grad_norm,
             seed=seed,
+        )
+
+
+    @classmethod
+    def for_evaluation(
+        cls, accelerator: Accelerator, *, per_device_batch_size: int, eval_dl_kwargs: dict[str, Any] | None, seed: int | None
+    ) -> TrainerRunConfig:
+        """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained)."""
+        processes = accelerator.num_processes
+        batch_size = _batch_size(eval_dl_kwargs, per_device_batch_size)
+        return cls(
+            num_epochs=1,
+            train_per_device_batch_size=batch_size,
+            train_dl_kwargs={},
+            eval_per_device_batch_size=batch_size,
+            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
+            gradient_accumulation_steps=1,
+            gradient_clip_value=None,
+            train_total_batch_size=batch_size * processes,
+            eval_total_batch_size=batch_size * processes,
+            num_update_steps_per_epoch=None,
+            num_local_update_steps_per_epoch=None,
+            max_num_train_steps=None,
+            **_process_fields(accelerator),
+            seed=seed,
+            evaluation_only=True,
         )
 
 
@@ -118,6 +153,24 @@ def _steps_and_epochs(
     # Over a stream, every epoch (one pass) makes at least one update: a bound.
     return steps_per_epoch, math.ceil(max_num_train_steps / (steps_per_epoch or 1))
 
+
+def _reported_max_steps(given: int | None, num_epochs: int, steps_per_epoch: int | None) -> int | None:
+    """The limit given, else the run's length in updates (None over a stream of unknown length)."""
+    if given is not None or steps_per_epoch is None:
+        return given
+    return num_epochs * steps_per_epoch
+
+
+
+def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
+    """The fields of a run config that describe the processes and precision of ``accelerator``."""
+    return {
+        "is_local_process_zero": accelerator.is_local_main_process,
+        "is_world_process_zero": accelerator.is_main_process,
+        "is_distributed": accelerator.num_processes > 1,
+        "mixed_precision": str(accelerator.mixed_precision),
+        "num_processes": accelerator.num_processes,
+    }
 
 def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
     """What a loader made with ``loader_kwargs`` batches by: their ``batch_size``, if given."""

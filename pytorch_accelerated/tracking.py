@@ -13,6 +13,20 @@ from typing import Any
 
 import torch
 
+__all__ = ["RunHistory", "InMemoryRunHistory", "LossTracker", "MetricNotFoundError"]
+
+
+class MetricNotFoundError(KeyError, ValueError):
+    """Raised by ``get_latest_metric`` for a metric with no recorded values.
+
+    It is both a :class:`KeyError` (as a missing key) and a :class:`ValueError` (what
+    pytorch-accelerated 0.1.61 raised), so ``except`` clauses written for either catch it.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's own __str__ would show the message in quotes, as if it were the key.
+        return str(self.args[0]) if self.args else ""
+
 
 class RunHistory(ABC):
     """The interface of a store for the metrics recorded during training runs."""
@@ -27,7 +41,11 @@ class RunHistory(ABC):
 
     @abstractmethod
     def get_latest_metric(self, metric_name: str) -> Any:
-        """Return the most recent value of ``metric_name``."""
+        """Return the most recent value of ``metric_name``.
+
+        Raises:
+            MetricNotFoundError: (a KeyError and a ValueError) if nothing was recorded for it.
+        """
 
     @abstractmethod
     def update_metric(self, metric_name: str, metric_value: Any) -> None:
@@ -116,7 +134,7 @@ class InMemoryRunHistory(RunHistory):
         values = self._metrics.get(metric_name)
         if not values:
             known = ", ".join(sorted(self._metrics)) or "none yet"
-            raise KeyError(
+            raise MetricNotFoundError(
                 f"No values recorded for metric {metric_name!r}. Recorded metrics: {known}."
             )
         return values[-1]
@@ -156,6 +174,15 @@ class LossTracker:
     Values may be tensors on any device: they are summed on that device, so that nothing is
     copied to the host until :attr:`average` is read (a device-to-host copy is a sync point,
     which would stall the GPU on every step).
+
+    ``total_loss`` and ``running_count`` (pytorch-accelerated 0.1.61's names) are read/write
+    aliases of ``running_total`` and ``count``.
+
+    >>> tracker = LossTracker()
+    >>> tracker.update(2.0, 4)
+    >>> tracker.update(1.0, 1)
+    >>> tracker.total_loss, tracker.running_count, tracker.average
+    (9.0, 5, 1.8)
     """
 
     def __init__(self) -> None:
@@ -189,3 +216,21 @@ class LossTracker:
         """The weighted mean of every loss added, or ``nan`` before the first update."""
         count = float(self.count)
         return float(self.running_total) / count if count else float("nan")
+
+    @property
+    def total_loss(self) -> Any:
+        """The weighted sum of every loss added, as stored (0.1.61's name for ``running_total``)."""
+        return self.running_total
+
+    @total_loss.setter
+    def total_loss(self, value: Any) -> None:
+        self.running_total = value
+
+    @property
+    def running_count(self) -> Any:
+        """The number of items added (0.1.61's name for ``count``)."""
+        return self.count
+
+    @running_count.setter
+    def running_count(self, value: Any) -> None:
+        self.count = value

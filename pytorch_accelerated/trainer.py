@@ -39,7 +39,18 @@ from ._internal.validation import (
     loss_of,
     unpack_batch,
 )
-from .callbacks import DEFAULT_CALLBACKS, CallbackHandler, StopTrainingError, TrainerCallback
+from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
+    DEFAULT_CALLBACKS,
+    CallbackHandler,
+    LimitBatchesCallback,
+    LogMetricsCallback,
+    MoveModulesToDeviceCallback,
+    PrintProgressCallback,
+    ProgressBarCallback,
+    StopTrainingError,
+    TerminateOnNaNCallback,
+    TrainerCallback,
+)
 from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints import trainer_io
 from .checkpoints.trainer_io import CheckpointMethods
@@ -52,6 +63,7 @@ from .loaders import DataLoaderMethods
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
+from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
 
 __all__ = [
     "Trainer",
@@ -59,6 +71,15 @@ __all__ = [
     "DEFAULT_CALLBACKS",
     "TrainerWithTimmScheduler",
     "replace_trainer_placeholder_values",
+    # 0.1.61 also exported these from this module:
+    "MoveModulesToDeviceCallback",
+    "TerminateOnNaNCallback",
+    "PrintProgressCallback",
+    "ProgressBarCallback",
+    "LogMetricsCallback",
+    "LimitBatchesCallback",
+    "remove_padding",
+    "worker_init_fn",
 ]
 
 
@@ -69,7 +90,8 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         model: the ``nn.Module`` to train.
         loss_func: called as ``loss_func(model_outputs, targets)`` by the default
             ``calculate_*_batch_loss``; may be None if those are overridden.
-        optimizer: the ``torch.optim.Optimizer``; may be None for evaluation only.
+        optimizer: a ``torch.optim.Optimizer`` (accelerate's ``DummyOptim`` under DeepSpeed, or
+            anything with ``step()`` and ``zero_grad()``); may be None for evaluation only.
         callbacks: callback instances or classes, called in this order. Replaces
             :data:`DEFAULT_CALLBACKS`; to add to them use ``(*DEFAULT_CALLBACKS, MyCallback())``.
         run_history: where metrics are recorded; an :class:`InMemoryRunHistory` by default.
@@ -235,13 +257,11 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         self._create_dataloaders(settings["per_device_batch_size"], *dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
         check_epochs_have_batches(self)
-        self.run_config = self._create_run_config(
-            **settings, train_dl_kwargs=dataloader_kwargs[0], eval_dl_kwargs=dataloader_kwargs[1]
-        )
+        self.run_config = self._create_run_config(**settings, **self._run_config_dl_kwargs(*dataloader_kwargs))
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self.run_state.window = WindowWeighting(self._accelerator, self.run_config.train_per_device_batch_size)
         if resume_from is not None:
-            trainer_io.load_training_state(self, resume_from, resuming=True)
+            trainer_io.resume_training(self, resume_from)  # through the overridable load_training_state
             check_something_left_to_train(self.progress, self.run_config, resume_from)
 
     def _start_run(self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
@@ -300,6 +320,7 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
             self.collate_fn = collate_fn
         self._set_seed(seed)
         self._eval_dataloader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
+        self._set_evaluation_run_config(batch_size, dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
         check_epochs_have_batches(self, evaluation=True)
 
@@ -557,7 +578,7 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
             original_model.train(was_training)
 
     def _reached_max_steps(self) -> bool:
-        limit = self.run_config.max_num_train_steps if self.run_config else None
+        limit = self.run_config.train_steps_limit if self.run_config else None
         return limit is not None and self.progress.global_step >= limit
 
     # ------------------------------------------------------------------ loss means

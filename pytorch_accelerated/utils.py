@@ -14,6 +14,7 @@ from accelerate import PartialState
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
+from ._internal.distributed import strip_padding
 from ._internal.validation import check_whole_number
 from .data import worker_init_fn
 
@@ -70,28 +71,59 @@ def local_process_zero_first(func: F) -> F:
 
 
 class DataLoaderSlice:
-    """The first ``num_batches`` batches of a data loader, as an iterable with a length."""
+    """The first ``slice_size`` batches of a data loader, as an iterable with a length.
 
-    def __init__(self, dl: Any, num_batches: int | None = None) -> None:
-        check_whole_number(num_batches, "num_batches", minimum=0, optional=True, owner="DataLoaderSlice")
+    Args:
+        dl: The data loader (any iterable with a length).
+        slice_size: How many batches to take, >= 0; None takes them all. ``len()`` is the
+            number of batches the slice really yields: ``min(len(dl), slice_size)``.
+        num_batches: Another name for ``slice_size`` (give one or the other). Both names are
+            attributes too, kept equal.
+
+    Raises:
+        ValueError: If the size is not a whole number >= 0, or the two names disagree.
+
+    >>> batches = DataLoaderSlice(range(10), slice_size=3)
+    >>> list(batches), len(batches), batches.num_batches
+    ([0, 1, 2], 3, 3)
+    """
+
+    def __init__(self, dl: Any, slice_size: int | None = None, *, num_batches: int | None = None) -> None:
+        if slice_size is not None and num_batches is not None and slice_size != num_batches:
+            raise ValueError(
+                f"DataLoaderSlice got slice_size={slice_size!r} and num_batches={num_batches!r}: they "
+                f"are two names for the same number of batches, so give only one of them."
+            )
+        size = slice_size if slice_size is not None else num_batches
+        name = "slice_size" if slice_size is not None else "num_batches"
+        check_whole_number(size, name, minimum=0, optional=True, owner="DataLoaderSlice")
         self.dl = dl
-        self.num_batches = num_batches
+        self.slice_size = size
+
+    @property
+    def num_batches(self) -> int | None:
+        """Another name for :attr:`slice_size`."""
+        return self.slice_size
+
+    @num_batches.setter
+    def num_batches(self, value: int | None) -> None:
+        self.slice_size = value
 
     def __len__(self) -> int:
         length = len(self.dl)
-        return length if self.num_batches is None else min(length, self.num_batches)
+        return length if self.slice_size is None else min(length, self.slice_size)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.num_batches == 0:
+        if self.slice_size == 0:
             return
         for index, batch in enumerate(self.dl, start=1):
             yield batch
-            if index == self.num_batches:  # stop before the loader fetches one batch too many
+            if index == self.slice_size:  # stop before the loader fetches one batch too many
                 break
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for attributes this class lacks: behave like the wrapped data loader.
-        if name == "dl":
+        if name in ("dl", "slice_size"):  # not set yet: the constructor has not finished
             raise AttributeError(name)
         return getattr(self.dl, name)
 
@@ -143,17 +175,16 @@ def remove_padding(padded_tensor: torch.Tensor, pad_value: Any) -> torch.Tensor:
     For a 1-D tensor, every element equal to ``pad_value`` is dropped; for more dimensions,
     every row (along dim 0) whose elements all equal ``pad_value``.
     """
-    if padded_tensor.dim() <= 1:
-        return padded_tensor[padded_tensor != pad_value]
-    is_padding = (padded_tensor == pad_value).flatten(1).all(dim=1)
-    return padded_tensor[~is_padding]
+    return strip_padding(padded_tensor, pad_value)
+
 
 class ModelEma(nn.Module):
     """Keeps an exponential moving average copy of a model.
 
     After each :meth:`update`, every floating-point parameter and buffer of the copy becomes
     ``decay * ema + (1 - decay) * current``. Integer and boolean buffers, such as batch norm's
-    ``num_batches_tracked``, are counts rather than estimates, so they are copied instead.
+    ``num_batches_tracked``, are counts rather than estimates, so they are copied instead. A
+    subclass may override :meth:`update_fn` to average differently.
 
     The copy (``self.module``) is in eval mode, does not require gradients, and starts on the same
     device as the model; move it with ``to()`` like any module. ``state_dict()`` keys are those of
@@ -169,7 +200,7 @@ class ModelEma(nn.Module):
     Raises:
         ValueError: If ``decay`` is not a number in [0, 1].
 
-    Example:
+    Examples:
         >>> import torch
         >>> model = torch.nn.Linear(2, 1)
         >>> _ = torch.nn.init.zeros_(model.bias)
@@ -207,9 +238,23 @@ class ModelEma(nn.Module):
                 floats.append(tensor.to(device=ema_tensor.device, dtype=ema_tensor.dtype))
             else:  # counts such as num_batches_tracked: an average of counts means nothing
                 ema_tensor.copy_(tensor)
-        if ema_floats:
+        if type(self).update_fn is not ModelEma.update_fn:  # a subclass's own average
+            for ema_tensor, tensor in zip(ema_floats, floats, strict=True):
+                ema_tensor.copy_(self.update_fn(ema_tensor, tensor))
+        elif ema_floats:
             # lerp(ema, current, 1 - decay) == decay * ema + (1 - decay) * current, in one fused pass.
             torch._foreach_lerp_(ema_floats, floats, 1.0 - self.decay)
+
+    def update_fn(self, ema_model_weights: torch.Tensor, updated_model_weights: torch.Tensor) -> torch.Tensor:
+        """Returns the new average of one tensor: ``decay * ema + (1 - decay) * updated``.
+
+        Override it to average differently (pytorch-accelerated 0.1.61's hook): :meth:`update`
+        then calls it for every floating-point parameter and buffer, with the model's tensor
+        already on the average's device and dtype, and stores what it returns. Integer and
+        boolean buffers are still copied. Without an override, :meth:`update` applies this
+        formula to every tensor at once.
+        """
+        return self.decay * ema_model_weights + (1.0 - self.decay) * updated_model_weights
 
     @torch.no_grad()
     def set(self, model: nn.Module) -> None:

@@ -32,7 +32,7 @@ def test_model_that_is_not_a_module_is_rejected_with_the_type_seen() -> None:
 
 
 def test_optimizer_of_the_wrong_type_is_rejected_with_an_example() -> None:
-    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, got list.*torch.optim.SGD"):
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, .*DummyOptim.*step\(\) and zero_grad\(\).*got list.*torch.optim.SGD"):
         make_trainer(optimizer=[1, 2])
 
 

@@ -222,5 +222,5 @@ def test_a_resumed_run_stops_at_the_same_epoch_as_the_uninterrupted_one(tmp_path
 
     assert epochs_run(train(callbacks(), num_epochs=len(SCRIPT))) == 4
     # After epoch 3 the best is 0.8 and one epoch went without improvement: epoch 4 is the second.
-    resumed = train(callbacks(), num_epochs=len(SCRIPT), resume_from=tmp_path / "states" / f"step-{3 * STEPS_PER_EPOCH:08d}")
+    resumed = train(callbacks(), num_epochs=len(SCRIPT), resume_from=tmp_path / "states" / "epoch_3")
     assert epochs_run(resumed) == 4

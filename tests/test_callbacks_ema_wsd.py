@@ -131,14 +131,14 @@ def test_evaluate_after_training_does_not_evaluate_the_ema(tmp_path: Path) -> No
     assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 1
 
 
-def test_metric_callbacks_record_prefixed_metrics_and_extra_callbacks_run_only_for_the_ema(tmp_path: Path) -> None:
-    everywhere, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
+def test_metric_callbacks_record_prefixed_metrics_and_only_the_ema_callbacks_see_the_ema_evaluation(tmp_path: Path) -> None:
+    trainer_only, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
     ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(ema_only,))
-    trainer = make_trainer((everywhere, ema_callback))
+    trainer = make_trainer((trainer_only, ema_callback))
     trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
     history = trainer.run_history
     assert history.get_metric_values("samples") == [12, 12]
-    assert history.get_metric_values("ema_model_samples") == [12, 12]
+    assert "ema_model_samples" not in history.get_metric_names()  # the Trainer's callbacks: not the EMA's
     assert history.get_metric_values("ema_model_ema_only_samples") == [12, 12]
     assert "ema_only_samples" not in history.get_metric_names()
     assert ema_only not in trainer.callback_handler.callbacks
@@ -231,27 +231,37 @@ WSD_FN = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3)
 def run_wsd(save_dir: Path) -> tuple[Trainer, WSDCheckpointCallback, RecordUpdates]:
     callback, recorder = WSDCheckpointCallback(save_dir=save_dir), RecordUpdates()
     trainer = make_trainer((callback, recorder), momentum=0.9)
-    # 10 updates per epoch, 40 in all: checkpoints at [10, 20, 40], decays from [9, 18, 36].
+    # 10 updates per epoch, 40 in all: checkpoints at [10, 20, 40], decays of int(0.1 * period) (at
+    # least 1) updates from [9, 19, 38].
     trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
     return trainer, callback, recorder
 
 
 def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(tmp_path: Path) -> None:
     trainer, callback, recorder = run_wsd(tmp_path / "ckpt")
-    assert trainer.scheduler.get_decay_start_steps() == [9, 18, 36]
+    assert trainer.scheduler.get_decay_start_steps() == [9, 19, 38]
     assert trainer.scheduler.get_checkpoint_steps() == [10, 20, 40]
-    expected = [("pre_decay", 9, 0), ("post_decay", 10, 0), ("pre_decay", 18, 1), ("post_decay", 20, 1),
-                ("pre_decay", 36, 2), ("post_decay", 40, 2)]
-    names = [f"{'pre_decay_step' if phase == 'pre_decay' else 'checkpoint_step'}_{step}.pt" for phase, step, _ in expected]
+    assert callback.checkpoint_steps == {10, 20, 40} and callback.decay_fraction == 0.1
+    assert [info["pre_decay_step"] for info in callback.decay_info] == [9, 19, 38]
+    assert callback.last_checkpoint_step == 40
+    names = ["checkpoint_9_wsd_pre_decay", "checkpoint_10_wsd_post_decay.pt", "checkpoint_19_wsd_pre_decay",
+             "checkpoint_20_wsd_post_decay.pt", "checkpoint_38_wsd_pre_decay", "checkpoint_40_wsd_post_decay.pt"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(names)
     assert callback.saved_checkpoints == [str(tmp_path / "ckpt" / name) for name in names]
-    for (phase, step, index), name in zip(expected, names, strict=True):
-        saved = safe_torch_load(tmp_path / "ckpt" / name)
-        assert (saved["phase"], saved["step"], saved["global_step"]) == (phase, step, step)
-        assert (saved["checkpoint_index"], saved["checkpoint_step"]) == (index, [10, 20, 40][index])
+    for name in names:
+        step = int(name.split("_")[1])
+        if name.endswith(".pt"):  # post-decay: a checkpoint file
+            saved = safe_torch_load(tmp_path / "ckpt" / name)
+            assert saved["scheduler_state_dict"]["_num_updates"] == step
+            weights_saved = saved["model_state_dict"]
+        else:  # pre-decay: a training state directory
+            saved = make_trainer(()).load_training_state(tmp_path / "ckpt" / name)
+            weights_saved = safe_torch_load(tmp_path / "ckpt" / name / "model.pt")
+        kind = "wsd_post_decay" if name.endswith(".pt") else "wsd_pre_decay"
+        assert (saved["checkpoint_type"], saved["step"], saved["global_step"]) == (kind, step, step)
+        assert (saved["total_steps"], saved["decay_fraction"]) == (40, 0.1)
         assert saved["epoch"] == (step - 1) // 10 + 1
-        assert saved["scheduler_state_dict"]["_num_updates"] == step
-        assert_close_weights(saved["model_state_dict"], recorder.model_weights[step - 1])
+        assert_close_weights(weights_saved, recorder.model_weights[step - 1])
 
 
 @pytest.mark.parametrize(("scheduler_fn", "found"), [
@@ -260,9 +270,9 @@ def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(
 ])
 def test_wsd_callback_without_a_wsd_scheduler_says_how_to_create_one(tmp_path: Path, scheduler_fn: Any, found: str) -> None:
     trainer = make_trainer((WSDCheckpointCallback(save_dir=tmp_path),))
-    with pytest.raises(TypeError) as error:
+    with pytest.raises(ValueError) as error:
         trainer.train(make_regression_data(8), num_epochs=1, create_scheduler_fn=scheduler_fn)
-    assert "WSDCheckpointCallback needs the trainer's scheduler to be a WSDLrScheduler" in str(error.value)
+    assert "WSDCheckpointCallback needs a scheduler with get_checkpoint_steps(), such as WSDLrScheduler" in str(error.value)
     assert found in str(error.value)
     assert "create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(" in str(error.value)
 
@@ -270,8 +280,10 @@ def test_wsd_callback_without_a_wsd_scheduler_says_how_to_create_one(tmp_path: P
 class CaptureStart(TrainerCallback):
     def __init__(self, stop: bool) -> None:
         self.stop, self.weights, self.num_updates, self.lr, self.momentum = stop, {}, None, None, None
+        self.position: dict[str, int] = {}
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.position = trainer.progress.state_dict()
         self.weights, self.num_updates = weights(trainer.get_model()), trainer.scheduler.num_updates
         self.lr = trainer.optimizer.param_groups[0]["lr"]
         self.momentum = trainer.optimizer.state[next(trainer.get_model().parameters())].get("momentum_buffer")
@@ -284,33 +296,49 @@ def test_initial_checkpoint_loads_model_and_optimizer_and_the_schedule_unless_a_
     tmp_path: Path, is_continuation: bool
 ) -> None:
     run_wsd(tmp_path / "first")
-    pre_decay = tmp_path / "first" / "pre_decay_step_18.pt"
-    saved = safe_torch_load(pre_decay)
+    pre_decay = tmp_path / "first" / "checkpoint_19_wsd_pre_decay"  # a training state directory
+    saved = {
+        "model_state_dict": safe_torch_load(pre_decay / "model.pt"),
+        "optimizer_state_dict": safe_torch_load(pre_decay / "optimizer.pt"),
+    }
     capture = CaptureStart(stop=True)
     trainer = make_trainer((WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=pre_decay), capture), seed=7, momentum=0.9)
     scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3, is_continuation_from_checkpoint=is_continuation)
     trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn)
     assert_close_weights(capture.weights, saved["model_state_dict"])
     torch.testing.assert_close(capture.momentum, saved["optimizer_state_dict"]["state"][0]["momentum_buffer"])
-    assert capture.num_updates == (0 if is_continuation else 18)
+    assert capture.num_updates == (0 if is_continuation else 19)
     assert capture.lr == pytest.approx(0.05)  # the peak: the stable branch, not the saved optimizer's value
+    assert capture.position == {"epoch": 0, "global_step": 0, "batch_index": 0, "epoch_step": 0}  # a fresh run
+
+
+def test_initial_checkpoint_file_loads_a_post_decay_checkpoint_and_its_step(tmp_path: Path) -> None:
+    run_wsd(tmp_path / "first")
+    post_decay = tmp_path / "first" / "checkpoint_20_wsd_post_decay.pt"
+    capture = CaptureStart(stop=True)
+    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=post_decay)
+    trainer = make_trainer((callback, capture), seed=7, momentum=0.9)
+    trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
+    assert_close_weights(capture.weights, safe_torch_load(post_decay)["model_state_dict"])
+    assert callback.last_checkpoint_step == 20 and capture.num_updates == 20
 
 
 def test_a_run_from_a_pre_decay_checkpoint_saves_the_following_checkpoints(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
-    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "pre_decay_step_18.pt")
+    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_19_wsd_pre_decay")
     trainer = make_trainer((callback,), seed=7, momentum=0.9)
     trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
-    # The schedule goes on from update 18: its checkpoint at 20 is this run's update 2.
-    assert [Path(p).name for p in callback.saved_checkpoints] == ["checkpoint_step_20.pt"]
-    saved = safe_torch_load(tmp_path / "second" / "checkpoint_step_20.pt")
-    assert (saved["step"], saved["global_step"], saved["phase"]) == (20, 2, "post_decay")
+    # The schedule goes on from update 19: its checkpoint at 20 is this run's update 1. The run
+    # ends at step 29, before the last decay (from 38): no final post-decay file is written.
+    assert [Path(p).name for p in callback.saved_checkpoints] == ["checkpoint_20_wsd_post_decay.pt"]
+    saved = safe_torch_load(tmp_path / "second" / "checkpoint_20_wsd_post_decay.pt")
+    assert (saved["step"], saved["global_step"], saved["checkpoint_type"]) == (20, 1, "wsd_post_decay")
 
 
 def test_wsd_state_dict_round_trips_and_a_restored_state_skips_the_initial_checkpoint(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
-    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "pre_decay_step_9.pt")
-    state = {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True}
+    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_9_wsd_pre_decay")
+    state = {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True, "last_checkpoint_step": 9}
     callback.load_state_dict(state)
     assert callback.state_dict() == state
     capture = CaptureStart(stop=True)
@@ -319,7 +347,7 @@ def test_wsd_state_dict_round_trips_and_a_restored_state_skips_the_initial_check
     trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
     assert_close_weights(capture.weights, before)
     assert capture.momentum is None  # the optimizer state was not loaded either
-    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": False}
+    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": False, "last_checkpoint_step": 9}
 
 
 def test_a_resumed_run_ends_with_the_ema_of_the_uninterrupted_run(tmp_path: Path) -> None:
@@ -330,13 +358,13 @@ def test_a_resumed_run_ends_with_the_ema_of_the_uninterrupted_run(tmp_path: Path
         return ema_callback
 
     uninterrupted = weights(run(seed=0).ema_model.module)
-    resumed = run(seed=3, resume_from=tmp_path / "states" / "step-00000004")
+    resumed = run(seed=3, resume_from=tmp_path / "states" / "epoch_1")
     assert_close_weights(weights(resumed.ema_model.module), uninterrupted)
 
 
 def test_a_resumed_run_is_not_restarted_from_the_initial_checkpoint(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
-    initial = tmp_path / "first" / "pre_decay_step_9.pt"
+    initial = tmp_path / "first" / "checkpoint_9_wsd_pre_decay"
 
     def run(**kwargs: Any) -> Trainer:
         saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
@@ -345,5 +373,5 @@ def test_a_resumed_run_is_not_restarted_from_the_initial_checkpoint(tmp_path: Pa
         return trainer
 
     uninterrupted = weights(run().get_model())
-    resumed = run(resume_from=tmp_path / "states" / "step-00000010")
+    resumed = run(resume_from=tmp_path / "states" / "epoch_1")
     assert_close_weights(weights(resumed.get_model()), uninterrupted)

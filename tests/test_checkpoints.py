@@ -38,19 +38,23 @@ def test_checkpoint_round_trips_model_optimizer_scheduler_and_numpy_and_path_val
 
     other = make_trainer(seed=1)
     other.train(make_regression_data(8), 1, per_device_batch_size=4, create_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1))
-    extra = other.load_checkpoint(path)
+    loaded = other.load_checkpoint(path)  # the whole dict, as 0.1.61 returned it
+    assert set(loaded) - {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"} == {"epoch", "acc", "where", "arr", "nested"}
+    extra = {key: loaded[key] for key in ("epoch", "acc", "where", "arr", "nested")}
     assert extra == {"epoch": 3, "acc": 0.5, "where": str(tmp_path), "arr": pytest.approx(torch.arange(3)), "nested": {"p": "a/b"}}
     assert torch.equal(other.get_model().weight, trainer.get_model().weight)
     assert other.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
     assert other.scheduler.state_dict() == trainer.scheduler.state_dict()
 
 
-def test_checkpoint_without_optimizer_loads_with_load_optimizer_false(tmp_path: Path) -> None:
+def test_checkpoint_without_optimizer_state_loads_the_weights_and_leaves_the_optimizer(tmp_path: Path) -> None:
     trainer = make_trainer()
     trainer.save_checkpoint(tmp_path / "w.pt", save_optimizer=False)
-    with pytest.raises(ValueError, match=r"holds no optimizer state; pass load_optimizer=False"):
-        make_trainer().load_checkpoint(tmp_path / "w.pt")
-    assert make_trainer().load_checkpoint(tmp_path / "w.pt", load_optimizer=False) == {}
+    other = make_trainer(seed=1)
+    before = other.optimizer.state_dict()
+    assert set(other.load_checkpoint(tmp_path / "w.pt")) == {"model_state_dict"}
+    assert other.optimizer.state_dict() == before
+    assert torch.equal(other.get_model().weight, trainer.get_model().weight)
 
 
 def test_unsafe_checkpoint_value_is_refused_before_anything_is_written(tmp_path: Path) -> None:

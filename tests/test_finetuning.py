@@ -47,16 +47,19 @@ def ids(params) -> set:
 def test_layer_groups_are_the_direct_children_in_order():
     model = make_model()
     groups = ModelFreezer(model).get_layer_groups()
-    assert [g.index for g in groups] == [0, 1, 2, 3]
+    assert [g.layer_group_idx for g in groups] == [(0, -4), (1, -3), (2, -2), (3, -1)]
     assert all(isinstance(g, LayerGroup) for g in groups)
     assert [g.module for g in groups] == list(model.children())
 
 
 def test_get_layers_lists_parameter_holding_and_leaf_modules_with_their_group():
     model = make_model()
-    layers = ModelFreezer(model).get_layers()
+    freezer = ModelFreezer(model)
+    named_layers = freezer.get_named_layers()
+    layers = freezer.get_layers()
+    assert [layer for _, layer in named_layers] == layers
     assert all(isinstance(layer, Layer) for layer in layers)
-    assert [(layer.layer_group_idx, layer.name) for layer in layers] == [
+    assert [(layer.layer_group_idx[0], name) for name, layer in named_layers] == [
         (0, "0.0"), (0, "0.1"), (0, "0.2"),
         (1, "1.0"), (1, "1.1"), (1, "1.2"),
         (2, "2"),

@@ -133,7 +133,7 @@ def test_training_states_of_a_stream_save_and_resume_to_the_same_weights(tmp_pat
 
     # 5 updates per pass (the last window of each pass is 1 batch); states at steps 2, 4, 6.
     uninterrupted = run(7, resume=False).model.weight.detach().clone()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["step-00000002", "step-00000004", "step-00000006"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step_2", "step_4", "step_6"]
     resumed = run(7, resume=True)
     assert resumed.progress.global_step == 7
     assert torch.equal(resumed.model.weight.detach(), uninterrupted)

@@ -113,10 +113,8 @@ def test_a_nan_at_any_step_never_reaches_a_kept_training_state(
     last_finite_save = 2 * ((nan_from - 1) // 2)  # the last even step before the NaN update
     assert sorted(states) == [step for step in (last_finite_save - 2, last_finite_save) if step > 0]
     out = capsys.readouterr().out
-    assert (
-        f"Not saving the training state {str(save_dir / f'step-{stopped_at:08d}')!r} at step {stopped_at}"
-        in out
-    )
+    # The save at the end of the run (save_dir/final) is refused too, and says so.
+    assert f"Not saving the training state {str(save_dir / 'final')!r} at step {stopped_at}" in out
 
 
 def test_the_issues_run_stops_at_the_first_save_after_the_nan_and_says_why(
@@ -126,16 +124,17 @@ def test_the_issues_run_stops_at_the_first_save_after_the_nan_and_says_why(
     saver = SaveTrainingStateCallback(save_dir, save_every_n_steps=2, max_checkpoints=2)
     trainer = make_trainer((*get_default_callbacks(progress_bar=False), saver), nan_from=7)
     trainer.train(make_regression_data(40), num_epochs=2, per_device_batch_size=2)
-    refused = str(save_dir / "step-00000008")
+    refused = str(save_dir / "step_8")
     out = capsys.readouterr().out
     assert (
         f"Training stopped: Not saving the training state {refused!r} at step 8: the weights hold NaN or "
         f"infinity and the training loss of this epoch was NaN or infinite; nothing was written, and what "
         f"was saved before is kept."
     ) in out
-    # save_at_end refuses too, and says so once more.
-    assert out.count(f"Not saving the training state {refused!r} at step 8") == 2
-    assert sorted(p.name for p in save_dir.iterdir()) == ["step-00000004", "step-00000006"]
+    # save_at_end refuses too, and says so.
+    assert out.count(f"Not saving the training state {refused!r} at step 8") == 1
+    assert out.count(f"Not saving the training state {str(save_dir / 'final')!r} at step 8") == 1
+    assert sorted(p.name for p in save_dir.iterdir()) == ["step_4", "step_6"]
 
     # A resumed run starts from the newest finite state, the one before the NaN.
     starts: list[tuple[int, bool]] = []
@@ -164,7 +163,7 @@ def test_the_issues_run_stops_at_the_first_save_after_the_nan_and_says_why(
 def poisoned_copy(state: Path, global_step: int, finite_key: bool | None) -> Path:
     """A copy of ``state`` that claims ``global_step`` and holds NaN weights, as an older version
     could have written it: with ``"finite": false`` in its manifest, or (None) no such key."""
-    copy = state.parent / f"step-{global_step:08d}"
+    copy = state.parent / f"step_{global_step}"
     shutil.copytree(state, copy)
     weights = safe_torch_load(copy / "model.pt")
     torch.save({name: value * float("nan") for name, value in weights.items()}, copy / "model.pt")
@@ -197,7 +196,7 @@ def test_rotation_never_deletes_the_newest_finite_state_for_newer_non_finite_one
         make_regression_data(12), num_epochs=1, per_device_batch_size=2
     )
     # 6 updates: a state at 2, 4 and 6, each kept beside the newest poisoned one.
-    assert seen[1::2] == [[f"step-{step:08d}", "step-00000101"] for step in (2, 4, 6)]
+    assert seen[1::2] == [sorted([f"step_{step}", "step_101"]) for step in (2, 4, 6)]
 
 
 # ---------------------------------------------------------------- the other writers of weights
@@ -251,27 +250,23 @@ def test_wsd_does_not_write_checkpoints_after_a_nan(
 ) -> None:
     wsd = WSDCheckpointCallback(save_dir=tmp_path)
     trainer = make_trainer((*get_default_callbacks(progress_bar=False), wsd), nan_from=12)
-    # 10 updates per epoch: WSD files due at 9, 10, 18, 20, 36, 40; the NaN comes at update 12.
+    # 10 updates per epoch: WSD files due at 9, 10, 19, 20, 38, 40; the NaN comes at update 12.
     trainer.train(
         make_regression_data(40),
         num_epochs=4,
         per_device_batch_size=4,
         create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3),
     )
-    assert trainer.progress.global_step == 18
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_step_10.pt", "pre_decay_step_9.pt"]
+    assert trainer.progress.global_step == 19
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_10_wsd_post_decay.pt", "checkpoint_9_wsd_pre_decay"]
     assert wsd.saved_checkpoints == [
-        str(tmp_path / "pre_decay_step_9.pt"),
-        str(tmp_path / "checkpoint_step_10.pt"),
+        str(tmp_path / "checkpoint_9_wsd_pre_decay"),
+        str(tmp_path / "checkpoint_10_wsd_post_decay.pt"),
     ]
-    assert all(
-        is_finite(safe_torch_load(tmp_path / name)["model_state_dict"])
-        for name in ("pre_decay_step_9.pt", "checkpoint_step_10.pt")
-    )
-    assert (
-        f"Not saving the checkpoint {str(tmp_path / 'pre_decay_step_18.pt')!r} at step 18"
-        in capsys.readouterr().out
-    )
+    assert is_finite(safe_torch_load(tmp_path / "checkpoint_9_wsd_pre_decay" / "model.pt"))
+    assert is_finite(safe_torch_load(tmp_path / "checkpoint_10_wsd_post_decay.pt")["model_state_dict"])
+    out = capsys.readouterr().out
+    assert f"Not saving the training state {str(tmp_path / 'checkpoint_19_wsd_pre_decay')!r} at step 19" in out
 
 
 def test_save_checkpoint_outside_a_run_refuses_nan_weights_and_keeps_the_file(tmp_path: Path) -> None:

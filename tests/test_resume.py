@@ -49,7 +49,12 @@ def assert_bitwise_equal(found: dict[str, torch.Tensor], expected: dict[str, tor
 
 
 def state(states_dir: Path, step: int) -> Path:
-    return states_dir / f"step-{step:08d}"
+    """The newest complete state of ``states_dir`` saved after ``step`` updates (``step_{N}``,
+    or ``epoch_{E}`` / ``final`` at an epoch end), or the path ``step_{step}`` when there is none."""
+    saved = [path for found, path in list_complete_states(states_dir) if found == step]
+    if not saved:
+        return states_dir / f"step_{step}"
+    return max(saved, key=lambda path: (path / "manifest.json").stat().st_mtime_ns)
 
 
 class Worker:
@@ -132,16 +137,18 @@ def test_saving_training_states_does_not_change_the_run(reference: dict[int, dic
     assert rw.history_of(trainer) == reference[0]["history"]
     # The worker's own arithmetic: 3 epochs of 9 steps, states every 4 steps and each epoch.
     assert reference[0]["history"]["progress"]["global_step"] == rw.TOTAL_STEPS
-    assert [step for step, _ in list_complete_states(reference[0]["states"])] == [
-        4,
-        8,
-        9,
-        12,
-        16,
-        18,
-        20,
-        24,
-        27,
+    # Both the state saved after epoch 3 and the one saved at the end are at step 27.
+    assert [(step, path.name) for step, path in list_complete_states(reference[0]["states"])] == [
+        (4, "step_4"),
+        (8, "step_8"),
+        (9, "epoch_1"),
+        (12, "step_12"),
+        (16, "step_16"),
+        (18, "epoch_2"),
+        (20, "step_20"),
+        (24, "step_24"),
+        (27, "epoch_3"),
+        (27, "final"),
     ]
 
 
@@ -215,7 +222,7 @@ def test_kill_during_a_save_leaves_only_a_hidden_directory_without_manifest(
     worker = interrupted["during_save"]
     assert worker.process.returncode == -signal.SIGKILL, worker.describe()
     states = worker.out / "states"
-    half_written = states / ".step-00000012.incomplete"
+    half_written = states / ".step_12.incomplete"
     assert half_written.is_dir()
     assert (half_written / "model.pt").is_file() and not (half_written / "manifest.json").exists()
     assert not state(states, 12).exists()
@@ -318,7 +325,11 @@ def test_state_saved_after_every_step_resumes_to_bitwise_equal_weights_and_histo
 ) -> None:
     uninterrupted = small_run(tmp_path, SCHEDULERS[scheduler], save_every_n_steps=1, save_every_n_epochs=None)
     saved = list_complete_states(tmp_path)
-    assert [step for step, _ in saved] == list(range(1, 2 * rw.STEPS_PER_EPOCH + 1))
+    # step_1 ... step_18, and final (also at step 18: saved at the end of the run).
+    assert sorted(path.name for _, path in saved) == sorted(
+        [*(f"step_{step}" for step in range(1, 2 * rw.STEPS_PER_EPOCH + 1)), "final"]
+    )
+    assert [step for step, _ in saved] == sorted([*range(1, 2 * rw.STEPS_PER_EPOCH + 1), 2 * rw.STEPS_PER_EPOCH])
     for step, directory in saved:
         trainer = rw.make_trainer()
         rw.train(trainer, resume_from=directory, create_scheduler_fn=SCHEDULERS[scheduler], num_epochs=2)
@@ -356,7 +367,7 @@ def test_saving_repeatedly_into_the_same_directory_leaves_one_loadable_state(tmp
         trainer.save_training_state(tmp_path / "state", checkpoint_kwargs={"attempt": value})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
     loaded = rw.make_trainer()
-    assert loaded.load_training_state(tmp_path / "state") == {"attempt": 2}
+    assert loaded.load_training_state(tmp_path / "state") == {"current_epoch": 2, "attempt": 2}
     assert_bitwise_equal(weights_of(loaded), weights_of(trainer))
 
 
@@ -407,7 +418,8 @@ def test_resume_mid_epoch_never_loads_or_collates_the_skipped_batches(
 
 def test_max_checkpoints_keeps_only_the_newest_states(tmp_path: Path) -> None:
     small_run(tmp_path, save_every_n_steps=1, save_every_n_epochs=None, max_checkpoints=3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000016", "step-00000017", "step-00000018"]
+    # Deleted in the order they were saved: final (at step 18 too) was saved last.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "step_17", "step_18"]
 
 
 def test_resume_from_parent_takes_the_newest_complete_state_and_ignores_newer_incomplete_ones(
@@ -424,7 +436,7 @@ def test_resume_from_parent_takes_the_newest_complete_state_and_ignores_newer_in
     (state(states, 20) / "manifest.json").write_text(
         json.dumps({**manifest, "global_step": 20, "complete": False})
     )
-    shutil.copytree(state(states, 12), states / ".step-00000024.incomplete")
+    shutil.copytree(state(states, 12), states / ".step_24.incomplete")
 
     assert resolve_state_dir(states) == state(states, 12)
     trainer = rw.make_trainer()
@@ -482,7 +494,7 @@ def test_numpy_scalar_in_checkpoint_kwargs_round_trips_as_a_python_value(
         tmp_path / "state", checkpoint_kwargs={"value": value, "in_list": [value]}
     )
     loaded = rw.make_trainer().load_training_state(tmp_path / "state")
-    assert loaded == {"value": expected, "in_list": [expected]}
+    assert loaded == {"current_epoch": 2, "value": expected, "in_list": [expected]}
     assert type(loaded["value"]) is type(expected)
 
 
@@ -492,7 +504,7 @@ def test_paths_in_checkpoint_kwargs_round_trip_as_strings(tmp_path: Path, finish
 
     loaded = rw.make_trainer().load_training_state(tmp_path / "state")
 
-    assert loaded == {"data_dir": "/data/train", "nested": {"where": (str(Path("a") / "b"), 1.5)}}
+    assert loaded == {"current_epoch": 2, "data_dir": "/data/train", "nested": {"where": (str(Path("a") / "b"), 1.5)}}
     assert Path(loaded["data_dir"]) == checkpoint_kwargs["data_dir"]
 
 
@@ -528,7 +540,7 @@ def test_resume_from_an_empty_directory_fails_before_training(tmp_path: Path) ->
 def test_resume_from_a_state_without_manifest_says_it_is_incomplete_before_training(
     tmp_path: Path, reference: dict[int, dict[str, Any]]
 ) -> None:
-    incomplete = shutil.copytree(state(reference[0]["states"], 8), tmp_path / "step-00000008")
+    incomplete = shutil.copytree(state(reference[0]["states"], 8), tmp_path / "step_8")
     (incomplete / "manifest.json").unlink()
     trainer, log, before = make_recording_trainer()
     with pytest.raises(ValueError, match="is an incomplete training state .* interrupted"):

@@ -367,12 +367,17 @@ def test_built_in_callbacks_write_weights_only_through_the_public_save_checkpoin
     train(trainer, num_epochs=3, create_scheduler_fn=scheduler_fn)
 
     written = {path for path, _, _ in trainer.checkpoints}
-    weight_files = {path.resolve() for path in tmp_path.rglob("*") if path.is_file() and "states" not in path.parts}
-    state_files = {path.resolve() for path in (tmp_path / "states").rglob("*") if path.is_file()}
-    assert {tmp_path / "ema.pt", tmp_path / "best.pt"} <= weight_files
-    assert {tmp_path / "wsd/pre_decay_step_11.pt", tmp_path / "wsd/checkpoint_step_12.pt"} == {
-        path for path in weight_files if path.parent.name == "wsd"
+    pre_decay = (tmp_path / "wsd/checkpoint_11_wsd_pre_decay").resolve()  # a training state
+    weight_files = {
+        path.resolve()
+        for path in tmp_path.rglob("*")
+        if path.is_file() and "states" not in path.parts and pre_decay not in path.resolve().parents
     }
+    state_files = {path.resolve() for path in (tmp_path / "states").rglob("*") if path.is_file()}
+    state_files |= {path.resolve() for path in pre_decay.rglob("*") if path.is_file()}
+    assert {tmp_path / "ema.pt", tmp_path / "best.pt"} <= weight_files
+    assert {tmp_path / "wsd/checkpoint_12_wsd_post_decay.pt"} == {path for path in weight_files if path.parent.name == "wsd"}
+    assert pre_decay in trainer.training_states
     assert weight_files <= written, f"written without save_checkpoint: {sorted(weight_files - written)}"
     assert state_files and all(
         any(state_dir in path.parents for state_dir in trainer.training_states) for path in state_files
@@ -384,7 +389,7 @@ def test_built_in_callbacks_write_weights_only_through_the_public_save_checkpoin
     assert ema.ema_model is not None
     assert models["ema.pt"] == {id(ema.ema_model.module)}  # the EMA weights, in the same layout
     assert models["best.pt"] == {None}
-    assert models["pre_decay_step_11.pt"] == models["checkpoint_step_12.pt"] == {None}
+    assert models["checkpoint_12_wsd_post_decay.pt"] == {None}
 
     # The EMA file holds the EMA weights of its last save, and loads back into an EMA module.
     last_ema_weights = [weights for path, _, weights in trainer.checkpoints if path.name == "ema.pt"][-1]

@@ -70,17 +70,19 @@ def cosine_expected(t, lr_max, total, warmup, cooldown, k, lr_min, lr_start):
     return lr_min + (lr_max - lr_min) * 0.5 * (1 + math.cos(math.pi * (t - warmup) ** k / decay**k))
 
 
-def wsd_expected(t, peak, checkpoints, decay_lengths, warmup, lr_min, lr_start, sqrt_decay):
+def wsd_expected(t, peak, checkpoints, decay_lengths, warmup, lr_min_ratio, lr_start, sqrt_decay):
+    """lr_min is a ratio of the peak; the non-sqrt decay is peak / (p / r + 1 - p)."""
     if t < warmup:
         return lr_start + (peak - lr_start) * t / warmup
+    r = lr_min_ratio
     for checkpoint, length in zip(checkpoints, decay_lengths, strict=True):
         if t <= checkpoint:
             start = checkpoint - length
-            if t < start:
+            if t <= start:
                 return peak
             p = (t - start) / length
-            return lr_min + (peak - lr_min) * ((1 - math.sqrt(p)) if sqrt_decay else (1 - p))
-    return lr_min
+            return peak * (r + (1 - r) * (1 - math.sqrt(p))) if sqrt_decay else peak / (p / r + 1 - p)
+    return peak * r
 
 
 # SchedulerBase and StatefulSchedulerBase
@@ -255,14 +257,15 @@ def test_wsd_single_checkpoint_curve_matches_closed_form(sqrt_decay):
     assert [v[0] for v in run_schedule(scheduler, 105)] == pytest.approx(expected, rel=1e-12)
 
 
-def test_wsd_decay_anchor_values_for_sqrt_and_linear_shapes():
+def test_wsd_decay_anchor_values_for_sqrt_and_inverse_shapes():
     # Decay from step 80 to 100: a quarter of the way through is step 85.
     sqrt = WSDLrScheduler(make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.0)
-    linear = WSDLrScheduler(make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.0,
-                            use_inverse_sqrt_decay=False)
+    inverse = WSDLrScheduler(make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.01,
+                             use_inverse_sqrt_decay=False)
     assert sqrt.get_updated_values(79) == [1.0] and sqrt.get_updated_values(80) == [1.0]
     assert sqrt.get_updated_values(85) == [pytest.approx(0.5)]
-    assert linear.get_updated_values(85) == [pytest.approx(0.75)]
+    assert inverse.get_updated_values(85) == [pytest.approx(1 / (0.25 / 0.01 + 0.75))]
+    assert inverse.get_updated_values(100) == [pytest.approx(0.01)]
 
 
 @pytest.mark.parametrize(
@@ -279,21 +282,22 @@ def test_wsd_multiple_checkpoints_curve_matches_closed_form_and_returns_to_peak(
         make_optimizer(0.1, 0.05), total_steps=200, num_warmup_steps=20, decay_phase_ratio=0.1,
         lr_min=1e-5, num_checkpoints=3,
     )
-    checkpoints, lengths = [50, 100, 200], [5, 10, 20]
+    # Each decay lasts int(0.1 * (c_i - c_{i-1})) updates.
+    checkpoints, lengths = [50, 100, 200], [5, 5, 10]
     assert scheduler.get_checkpoint_steps() == checkpoints
-    assert scheduler.get_decay_start_steps() == [45, 90, 180]
+    assert scheduler.get_decay_start_steps() == [45, 95, 190]
     values = run_schedule(scheduler, 205)
     for group, peak in enumerate([0.1, 0.05]):
         expected = [wsd_expected(t, peak, checkpoints, lengths, 20, 1e-5, 1e-6, True) for t in range(206)]
         assert [v[group] for v in values] == pytest.approx(expected, rel=1e-12)
-    assert [values[t][0] for t in checkpoints] == [1e-5, 1e-5, 1e-5]
+    assert [values[t] for t in checkpoints] == [[0.1 * 1e-5, 0.05 * 1e-5]] * 3
     assert values[51] == [0.1, 0.05] and values[101] == [0.1, 0.05]
 
 
-def test_wsd_decay_length_rounds_half_up_and_is_at_least_one_update():
+def test_wsd_decay_length_truncates_and_is_at_least_one_update():
     half = WSDLrScheduler(make_optimizer(0.1), total_steps=25, decay_phase_ratio=0.1)
     tiny = WSDLrScheduler(make_optimizer(0.1), total_steps=10, decay_phase_ratio=0.01, lr_min=0.0)
-    assert half.get_decay_start_steps() == [22]  # 2.5 updates round up to 3
+    assert half.get_decay_start_steps() == [23]  # int(2.5) = 2 updates, as in 0.1.61
     assert tiny.get_decay_start_steps() == [9]
     assert tiny.get_updated_values(9) == [0.1] and tiny.get_updated_values(10) == [0.0]
 
@@ -320,13 +324,12 @@ def test_wsd_phase_info_reports_phase_checkpoint_and_steps_left():
     assert [info[s]["steps_until_checkpoint"] for s in info] == [50, 20, 3, 0, 49, 0]
     assert [info[s]["is_decay_phase"] for s in info] == [False, False, True, True, False, True]
     assert [info[s]["is_checkpoint_step"] for s in info] == [False, False, False, True, False, True]
-    assert info[51]["checkpoint_step"] == 100 and info[51]["decay_start_step"] == 90
+    assert info[51]["checkpoint_step"] == 100 and info[51]["decay_start_step"] == 95
 
 
-def test_wsd_phase_info_outside_the_run_raises_value_error():
+def test_wsd_phase_info_beyond_the_run_describes_the_last_period_and_rejects_negatives():
     scheduler = WSDLrScheduler(make_optimizer(0.1), total_steps=100)
-    with pytest.raises(ValueError, match=r"step must be between 0 and total_steps=100, got 101"):
-        scheduler.get_phase_info(101)
+    assert scheduler.get_phase_info(101) == {**scheduler.get_phase_info(100), "is_checkpoint_step": False}
     with pytest.raises(ValueError, match=r"step must be a whole number >= 0, got -1"):
         scheduler.get_phase_info(-1)
 
@@ -365,8 +368,8 @@ def test_state_dict_holds_the_counter_and_no_optimizer():
     scheduler = WSDLrScheduler(make_optimizer(0.1), total_steps=10)
     scheduler.step()
     state = scheduler.state_dict()
-    assert state["_num_updates"] == 1 and "optimizer" not in state
-    assert state["_checkpoint_steps"] == [10]
+    assert state["_num_updates"] == 1 and state["num_updates"] == 1 and "optimizer" not in state
+    assert state["checkpoint_steps"] == [10]
 
 
 def test_state_dict_is_a_copy_unaffected_by_later_steps():
@@ -374,12 +377,14 @@ def test_state_dict_is_a_copy_unaffected_by_later_steps():
     state = scheduler.state_dict()
     scheduler.step()
     scheduler.base_values.append(1.0)
-    assert state["_num_updates"] == 0 and state["base_values"] == [0.1]
+    assert state["_num_updates"] == 0 and state["base_lr_values"] == [0.1]
 
 
 # create_scheduler_fn and placeholders
 
-STAND_IN_TRAINER = SimpleNamespace(run_config=SimpleNamespace(num_epochs=3, num_update_steps_per_epoch=5))
+STAND_IN_TRAINER = SimpleNamespace(
+    run_config=SimpleNamespace(num_epochs=3, num_update_steps_per_epoch=5, num_local_update_steps_per_epoch=5)
+)
 
 
 def test_cosine_create_scheduler_fn_holds_placeholders_the_trainer_resolves():
@@ -394,7 +399,8 @@ def test_cosine_create_scheduler_fn_holds_placeholders_the_trainer_resolves():
 def test_wsd_create_scheduler_fn_holds_placeholders_the_trainer_resolves():
     fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=2, num_warmup_steps=1)
     assert fn.keywords["num_epochs"] is TrainerPlaceholderValues.NUM_EPOCHS
-    assert fn.keywords["num_update_steps_per_epoch"] is TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH
+    # 0.1.61's default; the same value as NUM_UPDATE_STEPS_PER_EPOCH here.
+    assert fn.keywords["num_update_steps_per_epoch"] is TrainerPlaceholderValues.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH
     scheduler = replace_trainer_placeholder_values(STAND_IN_TRAINER, fn)(make_optimizer(0.1))
     assert scheduler.total_steps == 15 and scheduler.get_checkpoint_steps() == [4, 15]
 
@@ -441,7 +447,7 @@ BAD_INPUTS = [
      r"not both; got total_steps=15, num_epochs=3, num_update_steps_per_epoch=5. Drop one"),
     (lambda o: WSDLrScheduler(o, total_steps=0), ValueError, r"total_steps must be a whole number >= 1, got 0"),
     (lambda o: WSDLrScheduler(o, total_steps=100, num_warmup_steps=-5), ValueError,
-     r"num_warmup_steps must be a whole number >= 0, got -5"),
+     r"num_warmup_steps must be a whole number >= 0 or None, got -5"),
     (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=0), ValueError,
      r"decay_phase_ratio must be in \(0, 1\], got 0"),
     (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=1.5), ValueError,
@@ -453,12 +459,6 @@ BAD_INPUTS = [
     (lambda o: WSDLrScheduler(o, total_steps=100, lr_min=-1), ValueError, r"lr_min must be >= 0, got -1"),
     (lambda o: WSDLrScheduler(o, total_steps=3, num_checkpoints=4), ValueError,
      r"num_checkpoints=4 is too many for total_steps=3: the checkpoint steps \[1, 1, 2, 3\]"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, num_warmup_steps=95), ValueError,
-     r"decay before checkpoint 0 \(step 100\) would start at step 90, before the warm-up ends at "
-     r"num_warmup_steps=95; use fewer warm-up steps, or use a smaller decay_phase_ratio \(got 0.1\)"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, num_checkpoints=2, decay_phase_ratio=0.8), ValueError,
-     r"decay before checkpoint 1 \(step 100\) would start at step 20, before the previous checkpoint "
-     r"at step 25; use a smaller decay_phase_ratio \(got 0.8\) or fewer num_checkpoints \(got 2\)"),
 ]
 
 

@@ -59,10 +59,11 @@ def stop_lines(runs: dict[str, Any], name: str) -> list[str]:
     return [line for line in runs["output"][name].splitlines() if "SIGTERM" in line or "SIGINT" in line]
 
 
-def assert_stopped(runs: dict[str, Any], name: str, signal_name: str, step: int) -> None:
-    """Stopped after ``step`` updates, saved there, said so in one line, let go of the signal."""
+def assert_stopped(runs: dict[str, Any], name: str, signal_name: str, step: int, state: str | None = None) -> None:
+    """Stopped after ``step`` updates, saved there (``state``, default ``step_{step}``), said so
+    in one line, let go of the signal."""
     run = runs[name]
-    state_dir = Path(runs["out"]) / name / "states" / f"step-{step:08d}"
+    state_dir = Path(runs["out"]) / name / "states" / (state or f"step_{step}")
     assert run["global_step"] == step
     assert run["states"] == [state_dir.name]
     assert stop_lines(runs, name) == [f"Training stopped: received {signal_name}; saved the training state to {state_dir}"]
@@ -101,7 +102,7 @@ def test_sigterm_during_an_intermediate_evaluation_stops_there(runs: dict[str, A
 
 
 def test_sigterm_during_the_epoch_end_events_stops_at_the_epoch_end(runs: dict[str, Any]) -> None:
-    assert_stopped(runs, "epoch_end", "SIGTERM", step=4)
+    assert_stopped(runs, "epoch_end", "SIGTERM", step=4, state="epoch_1")
     assert len(runs["epoch_end"]["history"]["eval_loss_epoch"]) == 1  # the first epoch is complete
     assert_resumes_exactly(runs, "epoch_end")
 
@@ -109,9 +110,9 @@ def test_sigterm_during_the_epoch_end_events_stops_at_the_epoch_end(runs: dict[s
 @pytest.mark.parametrize("name", ["after_last_step", "during_end_save"])
 def test_a_signal_after_the_last_step_is_honoured_by_the_state_saved_at_the_end(runs: dict[str, Any], name: str) -> None:
     run = runs[name]
-    assert run["states"] == ["step-00000008"] and run["global_step"] == 8
+    assert run["states"] == ["final"] and run["global_step"] == 8
     assert run["weights"] == runs["reference"]["weights"]
-    state_dir = Path(runs["out"]) / name / "states" / "step-00000008"
+    state_dir = Path(runs["out"]) / name / "states" / "final"
     assert stop_lines(runs, name) == [f"Received SIGTERM after the last step: the training state saved to {state_dir} covers it."]
     assert run["handlers_restored"] and run["wakeup_fd"] == -1
 

@@ -198,7 +198,7 @@ PLACES = [
         "early_stopping_patience", 1, False, EarlyStoppingCallback, 1, (0, 2.5),
     ),
     Place(
-        "DataLoaderSlice-num_batches", "utils.py", "DataLoaderSlice", "num_batches", 0, True,
+        "DataLoaderSlice-slice_size", "utils.py", "DataLoaderSlice", "slice_size", 0, True,
         lambda value: DataLoaderSlice([1, 2, 3], value), 0, (-1, 2.5),
     ),
     *(
@@ -214,7 +214,9 @@ PLACES = [
     ),
     *(
         Place(
-            f"WSDLrScheduler-{name}", "schedulers/wsd.py", "", name, minimum, False, wsd_with(name), valid, bad,
+            # num_warmup_steps=None means 1% of the run (COMPAT 6.6).
+            f"WSDLrScheduler-{name}", "schedulers/wsd.py", "", name, minimum, name == "num_warmup_steps",
+            wsd_with(name), valid, bad,
             none_reaches_check=none_reaches_check,
         )
         for name, minimum, valid, bad, none_reaches_check in (

@@ -12,7 +12,10 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list
+from accelerate.utils.deepspeed import DummyOptim
+from torch import nn
 from torch.utils.data import DataLoader
 
 #: How long a process waits in a collective operation (all-reduce, barrier, ...) for the others
@@ -63,7 +66,27 @@ def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bo
     """
     prepared = accelerator.prepare(optimizer)
     direct = accelerate_steps_pass_through(accelerator)
-    return (prepared.optimizer if direct else prepared), direct
+    if direct and isinstance(prepared, AcceleratedOptimizer):
+        return prepared.optimizer, True
+    return prepared, direct  # not a torch optimizer (stepped as it is), or accelerate's path
+
+
+def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
+    """True under DeepSpeed (or with its ``DummyOptim``): its engine is built from the model,
+    the optimizer and the training loader's batch size, so they go to one ``prepare`` call."""
+    return accelerator.distributed_type == DistributedType.DEEPSPEED or isinstance(optimizer, DummyOptim)
+
+
+def prepare_together(accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any) -> tuple[Any, Any, Any]:
+    """Prepare model, optimizer (if any) and training loader (if not prepared yet) in one
+    ``prepare`` call; return the three, each unchanged where it was not passed."""
+    objects: list[Any] = [model]
+    objects += [optimizer] if optimizer is not None else []
+    objects += [train_loader] if needs_preparing(train_loader) else []
+    prepared = list(accelerator.prepare(*objects)) if len(objects) > 1 else [accelerator.prepare(model)]
+    model = prepared.pop(0)
+    optimizer = prepared.pop(0) if optimizer is not None else None
+    return model, optimizer, (prepared.pop(0) if prepared else train_loader)
 
 
 def shared_random_seed(accelerator: Accelerator) -> int:

@@ -47,6 +47,14 @@ def _gather_tensor(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tens
     return torch.cat(pieces)
 
 
+def strip_padding(padded: torch.Tensor, padding_value: Any) -> torch.Tensor:
+    """``padded`` without its padding: for 1-D, the elements equal to ``padding_value``; for
+    more dimensions, the rows (along dim 0) whose elements all equal it."""
+    if padded.dim() <= 1:
+        return padded[padded != padding_value]
+    return padded[~(padded == padding_value).flatten(1).all(dim=1)]
+
+
 def mean_over_processes(accelerator: Accelerator, total: Any, count: Any) -> float:
     """``sum(total) / sum(count)`` over every process: one all-reduce and one host read."""
     totals = torch.stack(
@@ -98,13 +106,15 @@ class ProcessUtilities:
 
         Tensors may differ in length along dim 0 (an uneven last batch): with
         ``padding_value=None`` the result holds each process's rows and nothing else; with a
-        ``padding_value`` shorter tensors are padded with it (strip it with
-        :func:`~pytorch_accelerated.utils.remove_padding`). Every process must call this.
+        ``padding_value`` (as in 0.1.61) shorter tensors are padded with it, gathered, and the
+        padding is removed again: every row whose elements all equal ``padding_value`` is
+        dropped (for a 1-D tensor, every element equal to it), so real rows made only of that
+        value are dropped too. Every process must call this.
         """
         if padding_value is None:
             return gather_ragged(self._accelerator, tensor)
         padded = self._accelerator.pad_across_processes(tensor, dim=0, pad_index=padding_value)
-        return self._accelerator.gather(padded)
+        return strip_padding(self._accelerator.gather(padded), padding_value)
 
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather nested tensors (dicts, lists, tuples) from every process, each sample once.

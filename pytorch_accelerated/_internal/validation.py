@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils.deepspeed import DummyOptim
 from torch import nn
 
 from .errors import StopTrainingError
@@ -51,11 +52,20 @@ def check_trainer_arguments(model: Any, loss_func: Any, optimizer: Any) -> None:
         )
     if loss_func is not None and not callable(loss_func):
         raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+    if optimizer is not None and not is_optimizer_like(optimizer):
         raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}. Create "
-            f"it from the model's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.01)."
+            f"optimizer must be a torch.optim.Optimizer, accelerate's DummyOptim (DeepSpeed with "
+            f"the optimizer in its config) or an object with step() and zero_grad() methods, got "
+            f"{type(optimizer).__name__}. Create it from the model's parameters, e.g. "
+            f"torch.optim.SGD(model.parameters(), lr=0.01)."
         )
+
+
+def is_optimizer_like(optimizer: Any) -> bool:
+    """A torch optimizer, accelerate's ``DummyOptim``, or anything with ``step`` and ``zero_grad``."""
+    if isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)):
+        return True
+    return callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
 
 
 def check_positive_number(value: Any, name: str) -> None:
@@ -84,9 +94,10 @@ def check_callbacks(callbacks: Any) -> None:
 def check_optimizer_holds_model_parameters(model: nn.Module, optimizer: Any) -> None:
     """Fail when ``optimizer`` holds none of ``model``'s trainable parameters (some suffice).
 
-    An optimizer accelerate has already wrapped is not checked again: it may hold copies (DeepSpeed).
+    An optimizer accelerate has already wrapped is not checked again: it may hold copies
+    (DeepSpeed); neither is anything but a torch optimizer (e.g. accelerate's ``DummyOptim``).
     """
-    if isinstance(optimizer, AcceleratedOptimizer):
+    if isinstance(optimizer, AcceleratedOptimizer) or not isinstance(optimizer, torch.optim.Optimizer):
         return
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -217,7 +228,7 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     """After a resume: warn and stop (a :class:`StopTrainingError`, which ends ``train()``
     before it starts) when the resumed state already reached ``num_epochs`` or
     ``max_num_train_steps``, so that nothing would be trained."""
-    limit = config.max_num_train_steps
+    limit = config.train_steps_limit
     if limit is not None:
         if progress.global_step < limit and progress.epoch < config.num_epochs:
             return

@@ -1,5 +1,11 @@
-"""Callbacks: observers of the training loop, and the built-in ones."""
+"""Callbacks: observers of the training loop, and the built-in ones.
 
+``LossTracker``, ``ModelEma``, ``DataLoaderSlice`` and ``CallbackMethodNotImplementedError`` are
+also importable from here, as they were in pytorch-accelerated 0.1.61.
+"""
+
+from ..tracking import LossTracker
+from ..utils import DataLoaderSlice, ModelEma
 from .defaults import (
     LogMetricsCallback,
     MoveModulesToDeviceCallback,
@@ -15,6 +21,15 @@ from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
 from .training_state import SaveTrainingStateCallback
 from .wsd_checkpoints import WSDCheckpointCallback
+
+
+class CallbackMethodNotImplementedError(NotImplementedError):
+    """Kept from pytorch-accelerated 0.1.61, whose callbacks module exported it.
+
+    Nothing in this library raises it; code that raises or catches it keeps working. (A hook
+    that is not implemented is simply not called; a misspelt ``on_*`` method is rejected with
+    a ``ValueError`` when the callback is added.)
+    """
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
@@ -53,4 +68,8 @@ __all__ = [
     "EarlyStoppingCallback",
     "ModelEmaCallback",
     "WSDCheckpointCallback",
+    "CallbackMethodNotImplementedError",
+    "LossTracker",
+    "ModelEma",
+    "DataLoaderSlice",
 ]

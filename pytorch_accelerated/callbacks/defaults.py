@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -46,15 +47,35 @@ class TerminateOnNaNCallback(TrainerCallback):
     of weights (training states, save-best, EMA, WSD) makes the same check first, so a NaN
     never reaches a checkpoint even between two checks.
 
+    At the end of each evaluation epoch the processes also agree whether its loss was
+    non-finite (one collective call per evaluation) and, if so, stop the same way. The run then
+    ends normally: unlike pytorch-accelerated 0.1.61, the process does not exit.
+
     Args:
         check_every_n_steps: optimizer updates between two checks; 1 checks after every
             update (a device-to-host sync per step).
+
+    Attributes:
+        triggered: True once a non-finite loss stopped the run (reset when a run starts).
     """
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
         self.check_every_n_steps = check_whole_number(
             check_every_n_steps, "check_every_n_steps", owner="TerminateOnNaNCallback"
         )
+        self.triggered = False
+
+    def check_for_nan_after_batch(self, batch_output: dict[str, Any], step: int | None = None) -> None:
+        """Raise :class:`StopTrainingError` (and set :attr:`triggered`) if ``batch_output["loss"]``
+        is NaN or infinite: the check of pytorch-accelerated 0.1.61, for one batch of this
+        process (a device-to-host sync; the built-in checks agree across processes instead)."""
+        if not bool(torch.isfinite(torch.as_tensor(batch_output["loss"])).all()):
+            self.triggered = True
+            where = f" at step {step}" if step is not None else ""
+            raise StopTrainingError(f"non-finite loss{where}")
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.triggered = False
 
     def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
         if is_update_step and trainer.progress.global_step % self.check_every_n_steps == 0:
@@ -63,8 +84,16 @@ class TerminateOnNaNCallback(TrainerCallback):
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._stop_if_non_finite(trainer)  # before the epoch's sum is reset
 
+    def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
+        total = trainer.run_state.eval_loss.running_total  # a sum over this process's batches
+        if trainer.any_process(~torch.isfinite(torch.as_tensor(total)).all()):
+            self.triggered = True
+            trainer.print(f"A non-finite evaluation loss was seen at step {trainer.progress.global_step}; stopping.")
+            raise StopTrainingError("non-finite evaluation loss")
+
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
         if trainer.any_process(non_finite_loss_flag(trainer)):
+            self.triggered = True
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
                 f"of epoch {trainer.progress.epoch + 1}; stopping the run."
@@ -110,6 +139,24 @@ class ProgressBarCallback(TrainerCallback):
     def __init__(self) -> None:
         self.train_bar: Any = None
         self.eval_bar: Any = None
+
+    @property
+    def pbar(self) -> Any:
+        """The training bar (the name pytorch-accelerated 0.1.61 gives :attr:`train_bar`)."""
+        return self.train_bar
+
+    @pbar.setter
+    def pbar(self, value: Any) -> None:
+        self.train_bar = value
+
+    @property
+    def eval_pbar(self) -> Any:
+        """The evaluation bar (the name pytorch-accelerated 0.1.61 gives :attr:`eval_bar`)."""
+        return self.eval_bar
+
+    @eval_pbar.setter
+    def eval_pbar(self, value: Any) -> None:
+        self.eval_bar = value
 
     def _open(self, trainer: Trainer, dataloader: Any, desc: str, position: int) -> Any:
         return tqdm(

@@ -11,7 +11,7 @@ import torch
 from ..checkpoints.finite import NonFiniteStateError
 from ..utils import ModelEma
 from .events import CallbackHandler, TrainerCallback
-from .monitoring import MetricWatchingCallback
+from .monitoring import BestEpochAliases, MetricWatchingCallback
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -21,7 +21,7 @@ __all__ = ["ModelEmaCallback"]
 EMA_METRIC_PREFIX = "ema_model_"
 
 
-class ModelEmaCallback(MetricWatchingCallback):
+class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
     """Average the model's weights after every optimizer update; evaluate and save the average.
 
     - At ``on_training_run_start`` an EMA copy of the unwrapped model is made on
@@ -33,18 +33,18 @@ class ModelEmaCallback(MetricWatchingCallback):
     - After each end-of-epoch evaluation, when ``evaluate_during_training``, the EMA weights are
       evaluated on the same data with ``trainer.run_eval_epoch``, with every metric recorded
       under the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``, and e.g.
-      ``ema_model_accuracy`` from a callback that records ``accuracy``). Every callback of the
-      Trainer sees the events of this evaluation, so place this callback after those that
-      compute metrics at ``on_eval_epoch_end``.
+      ``ema_model_accuracy`` from a callback in ``callbacks`` that records ``accuracy``).
     - Intermediate evaluations (such as those of ``StepBasedEvaluationCallback``) are followed
       by an EMA evaluation only with ``evaluate_intermediate=True``. It runs once the model's
       evaluation has returned (at this callback's next ``on_train_step_end`` or
       ``on_train_epoch_end``: place it after the callback that evaluates to have it in the same
       step), with ``is_intermediate=True``, and its loss is recorded as
       ``ema_model_intermediate_eval_loss``.
-    - ``callbacks``: callbacks (instances or classes) that take part in the EMA evaluation
-      only. They are added to the Trainer's callbacks just for that evaluation epoch, after the
-      others, so they see only its events (``on_eval_epoch_start`` to ``on_eval_epoch_end``).
+    - ``callbacks``: the callbacks (instances or classes) of the EMA evaluation. As in
+      pytorch-accelerated 0.1.61, **only** they receive its events (``on_eval_epoch_start`` to
+      ``on_eval_epoch_end``): :attr:`callback_handler` replaces the Trainer's handler while it
+      runs, so the Trainer's own callbacks (a metric callback, the progress bar) do not see it.
+      Pass a metric callback both to the Trainer and here to measure both models.
     - When ``watch_metric`` improves, the EMA weights are saved to ``save_path`` in the layout
       of :meth:`Trainer.save_checkpoint` (``model_state_dict``, ``epoch`` counted from 1,
       ``global_step``, the metric's value and ``ema_decay``), so ``trainer.load_checkpoint(path,
@@ -63,10 +63,17 @@ class ModelEmaCallback(MetricWatchingCallback):
         save_path: where to save the best EMA weights; None saves nothing.
         watch_metric: the metric that decides which EMA weights are the best.
         greater_is_better: True for metrics such as accuracy.
-        model_ema: the EMA class (or factory), called as ``model_ema(model, decay=decay)``.
-        callbacks: callbacks to run only during the EMA evaluation.
+        model_ema: the EMA class (or factory), called as ``model_ema(model, decay=decay)``
+            (also :attr:`model_ema_cls`).
+        callbacks: the callbacks of the EMA evaluation (and only of it).
         evaluate_intermediate: also evaluate the EMA weights after intermediate evaluations.
         load_saved_checkpoint: load the best EMA weights into the EMA copy at the end of the run.
+        save_optimizer: include the optimizer state in the EMA file.
+        save_scheduler: include the scheduler state in the EMA file.
+
+    Attributes:
+        best_epoch: the epoch of the best EMA weights (also ``best_metric_epoch``).
+        operator: ``operator.gt`` when ``greater_is_better``, else ``operator.lt``.
     """
 
     def __init__(
@@ -81,6 +88,8 @@ class ModelEmaCallback(MetricWatchingCallback):
         *,
         evaluate_intermediate: bool = False,
         load_saved_checkpoint: bool = True,
+        save_optimizer: bool = False,
+        save_scheduler: bool = False,
     ) -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
             raise ValueError(f"ModelEmaCallback decay must be a number in [0, 1] (e.g. 0.99 or 0.999), got {decay!r}.")
@@ -90,8 +99,10 @@ class ModelEmaCallback(MetricWatchingCallback):
         self.save_path = save_path
         self.model_ema = model_ema
         # Checked now (unknown hooks, classes instantiated), not in the middle of a run.
-        self.callbacks: list[TrainerCallback] = CallbackHandler(callbacks).callbacks
+        self.callback_handler = CallbackHandler(callbacks)
         self.evaluate_intermediate = evaluate_intermediate
+        self.save_optimizer = save_optimizer
+        self.save_scheduler = save_scheduler
         self.load_saved_checkpoint = load_saved_checkpoint
         self.ema_model: ModelEma | None = None
         self.best_epoch: int | None = None
@@ -100,6 +111,20 @@ class ModelEmaCallback(MetricWatchingCallback):
         self._evaluating = False
         self._pending_intermediate = False
         self._epoch = 0
+
+    @property
+    def callbacks(self) -> list[TrainerCallback]:
+        """The callbacks of the EMA evaluation (those of :attr:`callback_handler`)."""
+        return self.callback_handler.callbacks
+
+    @property
+    def model_ema_cls(self) -> Callable[..., ModelEma]:
+        """The name pytorch-accelerated 0.1.61 gives :attr:`model_ema` (the EMA class)."""
+        return self.model_ema
+
+    @model_ema_cls.setter
+    def model_ema_cls(self, value: Callable[..., ModelEma]) -> None:
+        self.model_ema = value
 
     def reset(self) -> None:
         super().reset()
@@ -149,21 +174,20 @@ class ModelEmaCallback(MetricWatchingCallback):
     def evaluate_ema(self, trainer: Trainer, is_intermediate: bool = False) -> float:
         """Evaluate the EMA weights on the evaluation data; metrics get the ``ema_model_`` prefix.
 
-        Returns the mean loss. Every process must call this.
+        Returns the mean loss. Only :attr:`callbacks` receive the evaluation's events. Every
+        process must call this.
         """
         if self.ema_model is None:
             raise RuntimeError("ModelEmaCallback.evaluate_ema needs a training run to have started.")
-        handler = trainer.callback_handler
+        trainer_handler = trainer.callback_handler
         self._evaluating = True
-        for callback in self.callbacks:
-            handler.add_callback(callback)
+        trainer.callback_handler = self.callback_handler
         try:
             return trainer.run_eval_epoch(
                 model=self.ema_model.module, is_intermediate=is_intermediate, metric_name_prefix=EMA_METRIC_PREFIX
             )
         finally:
-            for callback in self.callbacks:
-                handler.remove_callback(callback)
+            trainer.callback_handler = trainer_handler
             self._evaluating = False
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -204,8 +228,8 @@ class ModelEmaCallback(MetricWatchingCallback):
         trainer.save_checkpoint(
             self.save_path,
             checkpoint_kwargs={"global_step": trainer.progress.global_step, "ema_decay": float(self.decay), **extra},
-            save_optimizer=False,
-            save_scheduler=False,
+            save_optimizer=self.save_optimizer,
+            save_scheduler=self.save_scheduler,
             model=self.ema_model.module,
         )
 

@@ -44,8 +44,13 @@ class TrainerCallback:
     Override any ``on_*`` method named in :data:`TRAINER_EVENTS`; each receives the trainer and
     keyword arguments that depend on the event. A callback may declare extra events that a
     Trainer subclass fires with ``callback_handler.call_event`` by listing them in
-    ``custom_events``. Any other ``on_*`` method is rejected when the callback is added, since
-    a misspelt hook would otherwise never run.
+    ``custom_events``; a custom event whose name does not start with ``on_`` (such as
+    ``verify_train_batch``) needs no declaration. Any other ``on_*`` method is rejected when the
+    callback is added, since a misspelt hook would otherwise never run.
+
+    Hooks receive their arguments by keyword, and ``batch``, ``batch_output`` and ``step``
+    default to None, so a hook may declare only the ones it uses, e.g.
+    ``def on_train_step_end(self, trainer, step, **kwargs)``.
 
     A callback is *stateful* when it overrides :meth:`state_dict` (and :meth:`load_state_dict`):
     training states save its state under its :attr:`state_key`, and a resumed run restores it
@@ -153,8 +158,22 @@ class CallbackHandler:
         self.last_event: str | None = None
         self.add_callbacks(callbacks)
 
+    @property
+    def callback_list(self) -> list[str]:
+        """The class names of the callbacks, in the order they are called."""
+        return [type(callback).__name__ for callback in self.callbacks]
+
+    def clear_callbacks(self) -> None:
+        """Remove every callback."""
+        self.callbacks = []
+        self._dispatch.clear()
+
     def register_event(self, event: str) -> None:
-        """Allow callbacks to handle a custom ``event`` fired with :meth:`call_event`."""
+        """Allow callbacks to handle a custom ``event`` fired with :meth:`call_event`.
+
+        Only needed for custom events whose name starts with ``on_`` (a callback declaring such
+        a method is otherwise rejected as a misspelt hook); any other name needs no registration.
+        """
         self._check_event_name(event)
         self._custom_events.add(event)
 
@@ -192,6 +211,9 @@ class CallbackHandler:
     def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every callback that handles it, in list order.
 
+        ``event`` is a Trainer event (:data:`TRAINER_EVENTS`) or any other identifier: a custom
+        event, e.g. ``call_event("verify_train_batch", trainer=self, xb=xb, yb=yb)`` from a Trainer
+        subclass, calls the callbacks that define a method of that name and skips the others.
         An exception raised by a callback reaches the caller unchanged, with a note that names
         the callback and the event.
         """
@@ -216,7 +238,7 @@ class CallbackHandler:
         handlers = [
             (cb, getattr(cb, event))
             for cb in self.callbacks
-            if hasattr(cb, event) and (event not in TRAINER_EVENTS or _is_override(cb, event))
+            if callable(getattr(cb, event, None)) and (event not in TRAINER_EVENTS or _is_override(cb, event))
         ]
         self._dispatch[event] = handlers
         return handlers
@@ -287,8 +309,10 @@ class CallbackHandler:
             )
 
     def _check_event_name(self, event: str) -> None:
-        if not event.startswith("on_") or not event.isidentifier():
-            raise ValueError(f"Event names must be identifiers starting with 'on_', got {event!r}.")
+        if not isinstance(event, str) or not event.isidentifier():
+            raise ValueError(
+                f"Event names must be Python identifiers (the name of the callbacks' method), got {event!r}."
+            )
 
     def _check_hooks(self, callback: TrainerCallback) -> None:
         known = set(TRAINER_EVENTS) | self._custom_events

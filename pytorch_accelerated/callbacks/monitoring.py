@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._internal.validation import check_whole_number
@@ -41,6 +43,11 @@ class MetricWatchingCallback(TrainerCallback):
         self.best_metric: float | None = None
         self._num_values_seen = 0
         self._keep_loaded_state = False
+
+    @property
+    def operator(self) -> Callable[[Any, Any], bool]:
+        """``operator.gt`` when ``greater_is_better``, else ``operator.lt`` (as in 0.1.61)."""
+        return operator.gt if self.greater_is_better else operator.lt
 
     def reset(self) -> None:
         """Forget the best value (subclasses also forget their own state)."""
@@ -115,7 +122,22 @@ class MetricWatchingCallback(TrainerCallback):
         )
 
 
-class SaveBestModelCallback(MetricWatchingCallback):
+class BestEpochAliases:
+    """``best_metric_epoch``: the name pytorch-accelerated 0.1.61 gives ``best_epoch``."""
+
+    best_epoch: int | None
+
+    @property
+    def best_metric_epoch(self) -> int | None:
+        """The name pytorch-accelerated 0.1.61 gives :attr:`best_epoch`."""
+        return self.best_epoch
+
+    @best_metric_epoch.setter
+    def best_metric_epoch(self, value: int | None) -> None:
+        self.best_epoch = value
+
+
+class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
     """Save a checkpoint whenever ``watch_metric`` improves; reload the best weights at the end.
 
     The checkpoint is written with :meth:`Trainer.save_checkpoint`, so it always has the same
@@ -139,6 +161,10 @@ class SaveBestModelCallback(MetricWatchingCallback):
         save_optimizer: include the optimizer state.
         save_scheduler: include the scheduler state.
         load_saved_checkpoint: load the best weights into the model at the end of the run.
+
+    Attributes:
+        best_metric: the best value so far; ``best_epoch`` (also ``best_metric_epoch``) its epoch.
+        operator: ``operator.gt`` when ``greater_is_better``, else ``operator.lt``.
     """
 
     def __init__(
@@ -209,6 +235,11 @@ class EarlyStoppingCallback(MetricWatchingCallback):
         watch_metric: the run-history metric to watch.
         greater_is_better: True for metrics such as accuracy.
         reset_on_train: forget the best value and the count when a new ``train()`` starts.
+
+    Attributes:
+        num_epochs_without_improvement: epochs in a row without an improvement (also
+            ``early_stopping_patience_counter``).
+        operator: ``operator.gt`` when ``greater_is_better``, else ``operator.lt``.
     """
 
     def __init__(
@@ -229,6 +260,15 @@ class EarlyStoppingCallback(MetricWatchingCallback):
         self.early_stopping_patience: int = early_stopping_patience
         self.early_stopping_threshold: float = float(early_stopping_threshold)
         self.num_epochs_without_improvement: int = 0
+
+    @property
+    def early_stopping_patience_counter(self) -> int:
+        """The name pytorch-accelerated 0.1.61 gives :attr:`num_epochs_without_improvement`."""
+        return self.num_epochs_without_improvement
+
+    @early_stopping_patience_counter.setter
+    def early_stopping_patience_counter(self, value: int) -> None:
+        self.num_epochs_without_improvement = value
 
     def reset(self) -> None:
         super().reset()

@@ -13,7 +13,7 @@ import torch
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
 from ..checkpoints.finite import NonFiniteStateError
-from ..checkpoints.state_dirs import list_complete_states, read_manifest
+from ..checkpoints.state_dirs import MANIFEST, list_complete_states, read_manifest
 from .events import StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:
@@ -21,22 +21,38 @@ if TYPE_CHECKING:
 
 
 class SaveTrainingStateCallback(TrainerCallback):
-    """Save the full training state into ``save_dir/step-<global step>`` during a run.
+    """Save the full training state into directories of ``save_dir`` during a run.
+
+    The directories are named as in pytorch-accelerated 0.1.61:
+
+    - ``save_dir/step_{N}`` after the N-th optimizer update, every ``save_every_n_steps``
+      (N counts updates, so batches that only accumulate gradients are never saved);
+    - ``save_dir/epoch_{E}`` at the end of epoch E (``run_history.current_epoch``), after its
+      evaluation, so a run resumed from it starts epoch E + 1;
+    - ``save_dir/final`` when the run ends.
+
+    A step save and an epoch save at the same update both exist (``step_{N}`` holds the state
+    before the evaluation, ``epoch_{E}`` the one after it). Each state's ``checkpoint_kwargs``
+    are ``{"global_step": N}``. ``train(resume_from=save_dir)`` continues from the newest
+    complete state (highest global step, then the last written); ``resume_from=save_dir /
+    "epoch_5"`` from that one.
 
     Args:
-        save_dir: folder that holds the states; ``train(resume_from=save_dir)`` continues
-            from the newest complete one.
+        save_dir: folder that holds the states.
         save_every_n_epochs: save after every N-th epoch (after its evaluation).
         save_every_n_steps: save after every N-th optimizer update.
-        save_at_end: save when the run ends (also after an early stop).
-        max_checkpoints: keep only the newest N states (older ones are deleted after a
-            successful save, but never the newest finite one); None keeps all.
+        save_at_end: save ``final`` when the run ends (also after an early stop).
+        max_checkpoints: keep only the newest N states (older ones are deleted, in the order
+            they were saved, after a successful save, but never the one just saved nor the
+            newest finite one); None keeps all.
         handle_signals: signals that mean "the job is about to be stopped" (preemption;
             ``signal.SIGINT`` too, if named). On receiving one, the run stops at the next safe
             point (after an optimizer update, an evaluation batch, at the end of an epoch, or
             after the last step), every process at the same one; the state is saved there, a
             line names the signal and the directory, and the run ends cleanly through the
-            normal end hooks, so the job can exit 0 and the next launch resumes. With several
+            normal end hooks, so the job can exit 0 and the next launch resumes (the state is
+            ``step_{N}`` after an update or during an evaluation, ``epoch_{E}`` at an epoch end,
+            ``final`` after the last step; one saved there already is reused). With several
             processes, a process the signal finds stuck (in a collective whose peer died) exits
             after ``PT_ACC_SIGNAL_GRACE`` seconds (default 10). Pass ``()`` to leave signals
             alone. See docs/checkpoints.md, "Signals and preemption".
@@ -77,6 +93,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._last_saved_step: int | None = None
         self._stopped_by_signal = False
         self._saved_at: tuple[Any, ...] | None = None  # the position of the last save
+        self._saved_dir: Path | None = None  # and its directory
         self._eval_steps = 0  # evaluation batches of the current evaluation epoch
         self._watchdog: SignalWatchdog | None = None
 
@@ -89,7 +106,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.signal_received = None
         self._stopped_by_signal = False
-        self._saved_at = None
+        self._saved_at = self._saved_dir = None
         self._eval_steps = 0
         self._install(trainer)
 
@@ -109,7 +126,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         try:
             if self.save_at_end and not self._stopped_by_signal:
-                self._save_here(trainer, at_end=True)
+                self._save_here(trainer, "final", at_end=True)
             self._honour_signal_after_last_step(trainer)
         finally:
             self._release()
@@ -124,7 +141,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return
         if self._watchdog is not None:
             self._watchdog.settle()
-        directory = self._save_here(trainer, at_end=True)
+        directory = self._save_here(trainer, "final", at_end=True)
         saved = f"the training state saved to {directory} covers it" if directory else "no training state was saved"
         trainer.print(f"Received {signal.Signals(signum).name} after the last step: {saved}.")
 
@@ -157,14 +174,14 @@ class SaveTrainingStateCallback(TrainerCallback):
         received = [int(signum) for signum in trainer.accelerator.gather(mine).tolist() if signum]
         return received[0] if received else None
 
-    def _stop(self, trainer: Trainer, signum: int) -> None:
+    def _stop(self, trainer: Trainer, signum: int, directory_name: str | None = None) -> None:
         """Save the state here (unless it just was) and end the run cleanly, on every process."""
         if self._watchdog is not None:
             self._watchdog.settle()
         self._stopped_by_signal = True
         name = signal.Signals(signum).name
         try:
-            directory = self._save_here(trainer)
+            directory = self._save_here(trainer, directory_name)
         except NonFiniteStateError:
             trainer.print(f"Received {name}, but the training state was not saved (see below); stopping.")
             raise
@@ -177,7 +194,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return
         global_step = trainer.progress.global_step
         if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
-            self._save_here(trainer)
+            self._save_here(trainer, f"step_{global_step}")
         signum = self._agreed_signal(trainer, global_step)
         if signum is not None:
             self._stop(trainer, signum)
@@ -207,44 +224,45 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
         if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
-            self._save_here(trainer)
+            self._save_here(trainer, f"epoch_{epoch}")
         signum = self._agreed_signal(trainer)
         if signum is not None:
-            self._stop(trainer, signum)
+            self._stop(trainer, signum, f"epoch_{epoch}")
 
     # ------------------------------------------------------------------ saving
 
-    def _save_here(self, trainer: Trainer, at_end: bool = False) -> Path | None:
-        """Save a state at the current position unless one was saved there already; return its
-        directory, or None when none was written (a non-finite state at the end of the run)."""
+    def _save_here(self, trainer: Trainer, name: str | None = None, at_end: bool = False) -> Path | None:
+        """Save a state named ``name`` (default ``step_{N}``) at the current position, unless
+        one was saved there already (under this name, or under any name when ``name`` is None);
+        return its directory, or None when none was written (a non-finite state at the end)."""
         position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
-        directory = self.save_dir / f"step-{trainer.progress.global_step:08d}"
-        if position == self._saved_at:
-            return directory
+        if position == self._saved_at and self._saved_dir is not None:
+            if name is None or self._saved_dir.name == name:
+                return self._saved_dir
+        directory = self.save_dir / (name or f"step_{trainer.progress.global_step}")
         before, self._last_saved_step = self._last_saved_step, None
         if self._watchdog is not None:  # a save's barriers may take long: not a hang
             self._watchdog.pause()
         try:
-            self._save(trainer, at_end=at_end)
+            self._save(trainer, directory, at_end=at_end)
         finally:
             if self._watchdog is not None:
                 self._watchdog.resume()
         if self._last_saved_step is None:  # not written (only at the end, where that is printed)
             self._last_saved_step = before
             return None
-        self._saved_at = position
+        self._saved_at, self._saved_dir = position, directory
         return directory
 
-    def _save(self, trainer: Trainer, at_end: bool = False) -> None:
+    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False) -> None:
         """Save a state, then delete the oldest beyond ``max_checkpoints``.
 
         A state with NaN or infinity is not written (:class:`NonFiniteStateError`, which stops a
         run); at the end of the run, when it is stopping anyway, that is only printed, so the
         other end hooks still run.
         """
-        directory = self.save_dir / f"step-{trainer.progress.global_step:08d}"
         try:
-            trainer.save_training_state(directory)
+            trainer.save_training_state(directory, checkpoint_kwargs={"global_step": trainer.progress.global_step})
         except NonFiniteStateError as error:
             if not at_end:
                 raise
@@ -265,12 +283,15 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path) -> None:
     """Delete the oldest complete training states of ``save_dir`` until ``keep`` are left,
     never ``just_saved`` nor the newest finite state.
 
+    States are ordered as they were saved: by global step, then by when their manifest was
+    written (``step_{N}``, then ``epoch_{E}``, then ``final`` at the same step).
+
     A state is known to be finite when its manifest says ``"finite": true`` (every state this
     version writes; it refuses to write any other) or it is ``just_saved``. States of older
     versions, without that key, and states marked ``"finite": false`` may be deleted, but they
     never make rotation delete the newest finite one, even when they are newer.
     """
-    states = [path for _, path in list_complete_states(save_dir)]  # oldest first
+    states = sorted((path for _, path in list_complete_states(save_dir)), key=_save_order)  # oldest first
     finite = [path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True]
     protected = {just_saved, *finite[-1:]}
     excess = len(states) - keep
@@ -280,3 +301,13 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path) -> None:
         if path not in protected:
             shutil.rmtree(path, ignore_errors=True)
             excess -= 1
+
+
+def _save_order(state: Path) -> tuple[int, int]:
+    """The global step of a complete state, then the time its manifest was written."""
+    manifest = read_manifest(state) or {}
+    try:
+        written = (state / MANIFEST).stat().st_mtime_ns
+    except OSError:
+        written = 0
+    return int(manifest.get("global_step", 0)), written

@@ -8,6 +8,8 @@
 - :mod:`.finite`: the check, at save time, that no NaN or infinite weights are written.
 - :mod:`.state_checks`: every file of a state read and checked against the objects it is
   meant for, before anything is loaded (all-or-nothing loads). Knows nothing of the Trainer.
+- :mod:`.original_states`: training-state directories written by pytorch-accelerated 0.1.x
+  (accelerate's ``save_state`` layout plus ``trainer_metadata.pt``), read safely; never written.
 - :mod:`.trainer_io`: the Trainer's ``save_checkpoint`` / ``load_checkpoint`` /
   ``save_training_state`` / ``load_training_state``, built on the modules above through the
   Trainer's public attributes only.

@@ -65,7 +65,7 @@ def read_training_state(directory: Path, model: nn.Module, targets: Mapping[str,
     if manifest.get("finite") is False:
         raise UnusableStateError(f"{directory} holds NaN or infinite weights (so its manifest records).")
     listed = set(manifest.get("files", ()))
-    model_state = _read(directory, "model.pt")
+    model_state = match_model_keys(model, _read(directory, "model.pt"))
     check_model_state(model, model_state, str(directory))
     if not finite.state_is_finite(model_state):
         raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
@@ -99,6 +99,30 @@ def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: st
     missing = [key for key in keys if key not in value]
     if missing:
         raise UnusableStateError(f"{where} lacks {missing}: it was not written by this version of the library, or was changed.")
+
+
+COMPILE_PREFIX = "_orig_mod."
+
+
+def without_compile_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the ``_orig_mod.`` segments that ``torch.compile`` adds removed from its
+    keys: the state dict of the plain (uncompiled) model, which is what is saved."""
+    if not any(COMPILE_PREFIX in key for key in state):
+        return state
+    return {key.replace(COMPILE_PREFIX, ""): value for key, value in state.items()}
+
+
+def match_model_keys(model: nn.Module, state: Any) -> Any:
+    """``state`` with each key renamed to ``model``'s key when the two differ only by
+    ``torch.compile``'s ``_orig_mod.`` segments, so a state saved from a compiled model loads
+    into the plain one and the reverse. Other keys are left for :func:`check_model_state`."""
+    if not isinstance(state, Mapping):
+        return state
+    expected = list(model.state_dict())
+    if set(state) == set(expected):
+        return state
+    plain = {key.replace(COMPILE_PREFIX, ""): key for key in expected}
+    return {plain.get(key.replace(COMPILE_PREFIX, ""), key): value for key, value in state.items()}
 
 
 def check_model_state(model: nn.Module, state: Any, source: str) -> None:

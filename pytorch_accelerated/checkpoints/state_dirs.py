@@ -162,9 +162,12 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
     complete = [(manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest]
     if not complete:
         found = sorted(child.name for child in path.iterdir())
+        original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
         raise ValueError(
             f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
-            f"Pass a directory written by save_training_state or SaveTrainingStateCallback."
+            f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
+            + (f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
+               f"explicitly, e.g. {str(path / original[-1])!r}." if original else ".")
         )
     return [child for _, _, child in sorted(complete, reverse=True)], False
 

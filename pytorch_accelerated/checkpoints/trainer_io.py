@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from ..data import batches_per_epoch
-from . import files, finite, state_checks, state_dirs
+from . import files, finite, original_states, state_checks, state_dirs
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -47,7 +48,8 @@ def save_checkpoint(
     accelerator = trainer.accelerator
     # Called on every process: with sharded models, collecting the state is collective.
     source = trainer.model if model is None else model
-    checkpoint: dict[str, Any] = {"model_state_dict": accelerator.get_state_dict(source)}
+    # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
+    checkpoint: dict[str, Any] = {"model_state_dict": state_checks.without_compile_prefix(accelerator.get_state_dict(source))}
     if save_optimizer and trainer.optimizer is not None:
         checkpoint["optimizer_state_dict"] = trainer.optimizer.state_dict()
     if save_scheduler and trainer.scheduler is not None:
@@ -70,27 +72,26 @@ def load_checkpoint(
         raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
     target = trainer.get_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
-    state_checks.check_model_state(target, checkpoint["model_state_dict"], str(checkpoint_path))
-    optimizer_state = checkpoint.pop("optimizer_state_dict", None)
-    scheduler_state = checkpoint.pop("scheduler_state_dict", None)
-    load_optimizer = load_optimizer and trainer.optimizer is not None
-    load_scheduler = load_scheduler and scheduler_state is not None and trainer.scheduler is not None
-    if load_optimizer:
-        if optimizer_state is None:
-            raise ValueError(f"{str(checkpoint_path)!r} holds no optimizer state; pass load_optimizer=False.")
+    model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
+    state_checks.check_model_state(target, model_state, str(checkpoint_path))
+    # Absent states, and objects the trainer does not have (an evaluation-only Trainer), are skipped.
+    optimizer_state = checkpoint.get("optimizer_state_dict") if load_optimizer and trainer.optimizer is not None else None
+    scheduler_state = checkpoint.get("scheduler_state_dict") if load_scheduler and trainer.scheduler is not None else None
+    if optimizer_state is not None:
         state_checks.check_object_state(trainer.optimizer, optimizer_state, f"{checkpoint_path} (optimizer_state_dict)")
-    if load_scheduler:
+    if scheduler_state is not None:
         state_checks.check_object_state(trainer.scheduler, scheduler_state, f"{checkpoint_path} (scheduler_state_dict)")
-    target.load_state_dict(checkpoint.pop("model_state_dict"))
-    if load_optimizer:
+    target.load_state_dict(model_state)
+    if optimizer_state is not None:
         cast(Any, trainer.optimizer).load_state_dict(optimizer_state)
-    if load_scheduler:
+    if scheduler_state is not None:
         cast(Any, trainer.scheduler).load_state_dict(scheduler_state)
     return checkpoint
 
 
 def load_model_state(model: nn.Module, state: dict[str, Any], source: str) -> None:
     """Load ``state`` into ``model`` (unwrapped), or explain exactly how it does not fit."""
+    state = state_checks.match_model_keys(model, state)
     state_checks.check_model_state(model, state, source)
     model.load_state_dict(state)
 
@@ -147,7 +148,8 @@ def save_training_state(trainer: Trainer, output_dir: str | os.PathLike, checkpo
     output_dir = Path(output_dir)
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     position = _position_to_save(trainer)
-    model_state = trainer.accelerator.get_state_dict(trainer.model)  # collective for sharded models
+    # Collective for sharded models; the plain model's keys, also for a torch.compile'd model.
+    model_state = state_checks.without_compile_prefix(trainer.accelerator.get_state_dict(trainer.model))
     try:
         _write_training_state(trainer, output_dir, position, model_state, extra)
     except KeyboardInterrupt:
@@ -250,8 +252,23 @@ def _trainer_state(trainer: Trainer, position: dict[str, int], extra: dict[str, 
     }
 
 
+_RESUMING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def resume_training(trainer: Trainer, resume_from: str | os.PathLike) -> None:
+    """What ``train(resume_from=...)`` does: call ``trainer.load_training_state`` (so an
+    override runs), which restores the state *as a resume* (settings checked, the exact
+    position kept, callback and RNG states held back) because the trainer is marked here."""
+    _RESUMING.add(trainer)
+    try:
+        trainer.load_training_state(resume_from)
+    finally:
+        _RESUMING.discard(trainer)
+
+
 def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming: bool = False) -> dict[str, Any]:
-    """Restore every object of ``input_dir`` into ``trainer``; return its checkpoint_kwargs.
+    """Restore every object of ``input_dir`` into ``trainer``; return ``{"current_epoch": E,
+    **checkpoint_kwargs}``, E the epoch (counted from 1) the state was saved in.
 
     With ``resuming`` (``train(resume_from=...)``), the run's settings are checked against the
     saved ones first, and callback and RNG states wait in ``trainer.run_state.pending_resume``
@@ -263,6 +280,8 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     never swapped for another.
     """
     loaded = choose_state(trainer, input_dir)
+    if isinstance(loaded, original_states.OriginalState):
+        return _load_original_state(trainer, loaded, resuming)
     if resuming:
         _check_run_settings(trainer, loaded.manifest, loaded.directory)
     trainer.get_model().load_state_dict(loaded.model)
@@ -273,10 +292,19 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     trainer.run_state.pending_resume = {"callbacks": state["callbacks"], "rng": loaded.process_state["rng"]}
     if not resuming:
         apply_pending_resume(trainer)
-    return state["checkpoint_kwargs"]
+    return {"current_epoch": _saved_epoch(state), **state["checkpoint_kwargs"]}
 
 
-def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks.LoadedState:
+def _saved_epoch(state: dict[str, Any]) -> int:
+    """The epoch (counted from 1, as ``run_history.current_epoch``) a state was saved in."""
+    progress = state["progress"]
+    first = int(state.get("history_first_epoch", state["run_history"]["current_epoch"] - progress["epoch"]))
+    # A position at an epoch's first batch was saved at the end of the epoch before.
+    in_epoch = progress["batch_index"] > 0 or bool(state.get("epoch_trained", False))
+    return max(first, first + progress["epoch"] - (0 if in_epoch else 1))
+
+
+def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks.LoadedState | original_states.OriginalState:
     """Read and check the state at ``input_dir``, or the newest good one in the folder
     ``input_dir``, agreeing across processes (every process must call this).
 
@@ -284,6 +312,8 @@ def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks
         The error of an explicitly named state that fails the checks; a ValueError listing
         every candidate and its problem when none in a folder passes.
     """
+    if original_states.is_original_state(Path(input_dir)):
+        return _read_original_state(trainer, Path(input_dir))
     candidates, explicit = state_dirs.candidate_states(input_dir)
     model, targets, rank = trainer.get_model(), dict(_stateful_objects(trainer)), trainer.accelerator.process_index
     problems: list[tuple[Path, Exception]] = []
@@ -324,6 +354,64 @@ def _restore_position(trainer: Trainer, state: dict[str, Any]) -> None:
     trainer.run_history.set_current_epoch(trainer.run_state.history_first_epoch + trainer.progress.epoch)
 
 
+def _read_original_state(trainer: Trainer, directory: Path) -> original_states.OriginalState:
+    """Read and check a state written by the original library, agreeing across processes."""
+    model, targets = trainer.get_model(), dict(_stateful_objects(trainer))
+    error: Exception | None = None
+    try:
+        loaded = original_states.read_original_state(directory, trainer.accelerator.process_index)
+        loaded.model = state_checks.match_model_keys(model, loaded.model)
+        state_checks.check_model_state(model, loaded.model, str(directory))
+        loaded.objects = {name: state for name, state in loaded.objects.items() if targets.get(name) is not None}
+        for name, state in loaded.objects.items():
+            state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
+    except Exception as caught:  # raised below, once every process knows
+        error = caught
+    failed = failed_ranks(trainer, error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError(f"Could not load {directory}: process {', '.join(map(str, failed))} could not read it (its output says why).")
+    return loaded
+
+
+def _load_original_state(trainer: Trainer, loaded: original_states.OriginalState, resuming: bool) -> dict[str, Any]:
+    """Load a state of the original library; the run continues at the start of its epoch E."""
+    trainer.get_model().load_state_dict(loaded.model)
+    for name, obj in _stateful_objects(trainer):
+        if name in loaded.objects:
+            obj.load_state_dict(loaded.objects[name])
+    config = trainer.run_config
+    steps = config.num_update_steps_per_epoch if config is not None else None
+    updates = (loaded.current_epoch - 1) * (steps or 0)
+    trainer.progress.load_state_dict({"epoch": loaded.current_epoch - 1, "global_step": updates, "batch_index": 0, "epoch_step": 0})
+    trainer.run_history.set_current_epoch(trainer.run_state.history_first_epoch + trainer.progress.epoch)
+    trainer.run_state.load_process_state_dict({"train_loss": None}, trainer.device)
+    counter = _set_scheduler_counter(trainer.scheduler, updates) if steps is not None else ""
+    warnings.warn(
+        f"{loaded.directory} was written by pytorch-accelerated 0.1.x, which records only the epoch it was "
+        f"saved in (current_epoch={loaded.current_epoch}): the run continues at the start of epoch "
+        f"{loaded.current_epoch}" + (f", after {updates} updates{counter}" if steps is not None else "")
+        + ". Callback states are not restored" + ("" if loaded.rng is not None else ", nor the RNGs") + ".",
+        stacklevel=4,
+    )
+    trainer.run_state.pending_resume = {"callbacks": None, "rng": loaded.rng}
+    if not resuming:
+        apply_pending_resume(trainer)
+    return {"current_epoch": loaded.current_epoch, **loaded.checkpoint_kwargs}
+
+
+def _set_scheduler_counter(scheduler: Any, updates: int) -> str:
+    """Put a scheduler of this library at ``updates`` completed updates; say what was done."""
+    if scheduler is None:
+        return ""
+    state = scheduler.state_dict()
+    if "_num_updates" not in state:
+        return f"; the scheduler ({type(scheduler).__name__}) keeps the state it was saved with"
+    scheduler.load_state_dict({**state, "_num_updates": updates, "num_updates": updates})
+    return f"; the scheduler's counter is set to {updates}"
+
+
 def apply_pending_resume(trainer: Trainer) -> None:
     """Restore the callback states, then the RNGs, that :func:`load_training_state` keeps back.
 
@@ -334,8 +422,10 @@ def apply_pending_resume(trainer: Trainer) -> None:
     if pending is None:
         return
     trainer.run_state.pending_resume = None
-    trainer.callback_handler.load_state_dict(pending["callbacks"])
-    state_dirs.restore_rng_states(pending["rng"])
+    if pending["callbacks"] is not None:  # None: a state of the original library, which has none
+        trainer.callback_handler.load_state_dict(pending["callbacks"])
+    if pending["rng"] is not None:
+        state_dirs.restore_rng_states(pending["rng"])
 
 
 def _check_run_settings(trainer: Trainer, manifest: dict[str, Any], directory: Path) -> None:
@@ -414,11 +504,16 @@ class CheckpointMethods:
         *,
         model: nn.Module | None = None,
     ) -> dict[str, Any]:
-        """Load a file written by :meth:`save_checkpoint` (never running code from it); return
-        its ``checkpoint_kwargs``. ``model`` loads the weights into another model.
+        """Load a file written by :meth:`save_checkpoint` (never running code from it) and
+        return its whole dictionary: ``model_state_dict``, ``optimizer_state_dict`` and
+        ``scheduler_state_dict`` when saved, and the ``checkpoint_kwargs``. ``model`` loads the
+        weights into another model.
 
-        Everything is checked (the file, the model's keys and shapes, the optimizer's parameter
-        groups) before anything is loaded, so a file that does not fit changes nothing.
+        A state the file lacks, or that the trainer has no object for (an evaluation-only
+        Trainer has no optimizer, a fresh one no scheduler), is skipped. Weights saved from a
+        ``torch.compile``'d model load into the plain one and the reverse. Everything is checked
+        (the file, the model's keys and shapes, the optimizer's parameter groups) before
+        anything is loaded, so a file that does not fit changes nothing.
         """
         return load_checkpoint(self._trainer(), checkpoint_path, load_optimizer, load_scheduler, model)
 
@@ -453,11 +548,16 @@ class CheckpointMethods:
         save_training_state(self._trainer(), output_dir, checkpoint_kwargs)
 
     def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore a state saved by :meth:`save_training_state`; return its ``checkpoint_kwargs``.
+        """Restore a state saved by :meth:`save_training_state`; return ``{"current_epoch": E,
+        **checkpoint_kwargs}``, E the epoch (counted from 1) the state was saved in.
 
         ``input_dir`` may be a state directory or a folder of them (the newest good one is
         taken: a newer one that is damaged or holds non-finite weights is skipped with a
-        warning). Every file is checked before anything is loaded, so a bad state changes
-        nothing. To continue training from it, use ``train(..., resume_from=input_dir)``.
+        warning), or a directory written by pytorch-accelerated 0.1.x (``trainer_metadata.pt``;
+        see :mod:`pytorch_accelerated.checkpoints.original_states`). Every file is checked
+        before anything is loaded, so a bad state changes nothing. To continue training from
+        it, use ``train(..., resume_from=input_dir)``: it calls this method, so an override
+        runs there too (inside ``train`` the state is restored as a resume, at its exact
+        position; see :func:`resume_training`).
         """
-        return load_training_state(self._trainer(), input_dir)
+        return load_training_state(self._trainer(), input_dir, resuming=self in _RESUMING)

@@ -4,13 +4,19 @@ The convention follows timm: the Trainer calls the scheduler once after each opt
 and the value for ``num_updates`` (the number of updates done so far) is the one the next update
 uses. So ``get_updated_values(0)`` is the value of the very first update and
 ``get_updated_values(T)`` is the value left in the optimizer when a run of ``T`` updates ends.
+
+As in pytorch-accelerated 0.1.61, a subclass may set the attributes that
+:meth:`~SchedulerBase.get_updated_values` reads *after* calling ``super().__init__()``: the
+starting values are applied once the whole constructor has returned. ``get_updated_values``
+returning ``None`` means "no update": the param groups keep their values.
 """
 
 from __future__ import annotations
 
 import copy
 import numbers
-from abc import ABC, abstractmethod
+import warnings
+from abc import ABCMeta, abstractmethod
 from typing import Any
 
 import torch
@@ -19,12 +25,22 @@ from .._internal.validation import check_whole_number
 from ..placeholders import is_placeholder
 
 
-class SchedulerBase(ABC):
+class _AppliedAfterConstruction(ABCMeta):
+    """Calls ``_on_constructed()`` once the whole constructor of a scheduler has returned."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        instance = super().__call__(*args, **kwargs)
+        instance._on_constructed()
+        return instance
+
+
+class SchedulerBase(metaclass=_AppliedAfterConstruction):
     """Sets ``param_group_field`` of every param group from the number of optimizer updates done.
 
     At construction, each param group gets an ``initial_<field>`` key holding its starting value
     (unless it already has one, e.g. from a loaded optimizer state, as torch schedulers do); these
-    starting values, in ``self.base_values``, are what subclasses schedule from.
+    starting values, in ``self.base_lr_values`` (also ``self.base_values``), are what subclasses
+    schedule from, whatever the field.
 
     Subclasses implement :meth:`get_updated_values`. Any numeric param-group field can be
     scheduled, e.g. ``param_group_field="weight_decay"``.
@@ -45,19 +61,32 @@ class SchedulerBase(ABC):
         for index, group in enumerate(optimizer.param_groups):
             _check_field(group, index, param_group_field)
             group.setdefault(self._initial_param_group_field, _as_float(group[param_group_field]))
-        self.base_values: list[float] = [
+        self.base_lr_values: list[float] = [
             _as_float(group[self._initial_param_group_field]) for group in optimizer.param_groups
         ]
 
+    @property
+    def base_values(self) -> list[float]:
+        """The starting values of the scheduled field, one per param group (``base_lr_values``)."""
+        return self.base_lr_values
+
+    @base_values.setter
+    def base_values(self, values: list[float]) -> None:
+        self.base_lr_values = values
+
+    def _on_constructed(self) -> None:
+        """Called once the whole constructor has returned; applies nothing here."""
+
     @abstractmethod
-    def get_updated_values(self, num_updates: int) -> list[float] | float:
+    def get_updated_values(self, num_updates: int) -> list[float | None] | float | None:
         """Return the value after ``num_updates`` optimizer updates.
 
         Args:
             num_updates: The number of optimizer updates done so far (0 before the first one).
 
         Returns:
-            One value per param group, in order, or one value for every group.
+            One value per param group, in order (None leaves that group as it is), one value for
+            every group, or None for no update at all.
         """
 
     def step_update(self, num_updates: int) -> None:
@@ -70,6 +99,8 @@ class SchedulerBase(ABC):
             ValueError: If :meth:`get_updated_values` returns a list of the wrong length.
         """
         values = self.get_updated_values(num_updates)
+        if values is None:  # "no update", as in the original library
+            return
         groups = self.optimizer.param_groups
         if not isinstance(values, (list, tuple)):
             values = [values] * len(groups)
@@ -80,6 +111,8 @@ class SchedulerBase(ABC):
                 "param group, or a single value for all of them."
             )
         for group, value in zip(groups, values, strict=True):
+            if value is None:
+                continue
             current = group[self.param_group_field]
             # Tensor learning rates (capturable/fused optimizers) must be updated in place.
             if isinstance(current, torch.Tensor):
@@ -98,21 +131,29 @@ class SchedulerBase(ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state returned by :meth:`state_dict`; it replaces the configuration too.
 
+        A state saved before ``base_values`` was renamed ``base_lr_values`` loads too.
+
         Args:
             state_dict: A state returned by :meth:`state_dict`.
         """
-        self.__dict__.update(copy.deepcopy(state_dict))
+        state = copy.deepcopy(dict(state_dict))
+        if "base_values" in state:
+            state.setdefault("base_lr_values", state.pop("base_values"))
+        state.pop("num_updates", None)  # derived from the counter, never an attribute
+        self.__dict__.update(state)
 
 
 class StatefulSchedulerBase(SchedulerBase):
     """A scheduler that counts the optimizer updates itself: call :meth:`step` after each one.
 
-    At construction it applies ``get_updated_values(0)``, so the first update already uses the
-    schedule's starting value (e.g. the warm-up start). A subclass therefore sets every attribute
-    that :meth:`get_updated_values` reads *before* calling ``super().__init__``.
+    Once the whole constructor has returned it applies ``get_updated_values(0)``, so the first
+    update already uses the schedule's starting value (e.g. the warm-up start). A subclass may
+    set the attributes that :meth:`get_updated_values` reads before or after
+    ``super().__init__``.
 
-    The update counter is part of :meth:`state_dict`, and :meth:`load_state_dict` re-applies the
-    values for the restored counter, so a restored scheduler continues exactly where it stopped.
+    The update counter is part of :meth:`state_dict` (as ``num_updates``, the number of completed
+    updates, and ``_num_updates``), and :meth:`load_state_dict` re-applies the values for the
+    restored counter, so a restored scheduler continues exactly where it stopped.
 
     Args:
         optimizer: The optimizer whose param groups are updated.
@@ -122,12 +163,18 @@ class StatefulSchedulerBase(SchedulerBase):
     def __init__(self, optimizer: torch.optim.Optimizer, param_group_field: str = "lr") -> None:
         super().__init__(optimizer, param_group_field)
         self._num_updates = 0
+
+    def _on_constructed(self) -> None:
         self.step_update(self._num_updates)
 
     @property
     def num_updates(self) -> int:
         """The number of times :meth:`step` has been called (restored by :meth:`load_state_dict`)."""
         return self._num_updates
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return every attribute except the optimizer, and ``num_updates`` (completed updates)."""
+        return {**super().state_dict(), "num_updates": self._num_updates}
 
     def step(self) -> None:
         """Count one optimizer update and set the values for the next one."""
@@ -150,6 +197,16 @@ class StatefulSchedulerBase(SchedulerBase):
             )
         super().load_state_dict(state_dict)
         self.step_update(self._num_updates)
+
+
+def warn_configuration_only(scheduler: StatefulSchedulerBase, what: str) -> None:
+    """Warn that a loaded state held no update counter, so the current one is kept."""
+    warnings.warn(
+        f"{type(scheduler).__name__}.load_state_dict: the state is {what}, which holds the "
+        f"configuration but no update counter; the counter stays at {scheduler.num_updates}. "
+        "Save the scheduler again with this version to record its position.",
+        stacklevel=3,
+    )
 
 
 def _check_field(group: dict[str, Any], index: int, field: str) -> None:

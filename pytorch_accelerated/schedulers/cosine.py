@@ -11,6 +11,16 @@ import torch
 from ..placeholders import TrainerPlaceholderValues
 from .base import StatefulSchedulerBase, check_int, check_non_negative
 
+# The attribute names of pytorch-accelerated 0.1.61, and ours.
+_ORIGINAL_NAMES = {
+    "total_iterations": "total_steps",
+    "warmup_iterations": "num_warmup_steps",
+    "num_cooldown_iterations": "num_cooldown_steps",
+    "warmup_lr_init": "warmup_starting_lr",
+    "warmup_lr_ratio": "warmup_starting_lr_ratio",
+    "lr_min_ratio": "min_lr_ratio",
+}
+
 
 class CosineLrScheduler(StatefulSchedulerBase):
     """Linear warm-up, k-decay cosine annealing (Zhang et al. 2020), then a flat cool-down.
@@ -28,6 +38,12 @@ class CosineLrScheduler(StatefulSchedulerBase):
     ``k_decay=1`` is plain cosine annealing; ``k > 1`` keeps the value high for longer before
     decaying, ``k < 1`` decays sooner. Epoch counts are ints: the schedule changes at update
     granularity, so give fractional warm-ups as a larger ``total_num_epochs`` instead.
+
+    The attribute names of pytorch-accelerated 0.1.61 read the same values: ``total_iterations``
+    (``total_steps``), ``warmup_iterations`` (``num_warmup_steps``), ``num_cooldown_iterations``
+    (``num_cooldown_steps``), ``warmup_lr_init`` (``warmup_starting_lr``), ``warmup_lr_ratio``
+    (``warmup_starting_lr_ratio``) and ``lr_min_ratio`` (``min_lr_ratio``); and
+    :meth:`load_state_dict` also loads a state saved by that version.
 
     Args:
         optimizer: The optimizer whose param groups are updated.
@@ -48,7 +64,7 @@ class CosineLrScheduler(StatefulSchedulerBase):
         ValueError: If a count, value or ratio is out of range, or warm-up and cool-down leave no
             epoch to decay in.
 
-    Example:
+    Examples:
         >>> model = torch.nn.Linear(2, 1)
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> scheduler = CosineLrScheduler(
@@ -102,9 +118,43 @@ class CosineLrScheduler(StatefulSchedulerBase):
         self.num_decay_steps = self.total_steps - self.num_warmup_steps - self.num_cooldown_steps
         super().__init__(optimizer, param_group_field="lr")
 
-    def get_updated_values(self, num_updates: int) -> list[float]:
+    def get_updated_values(self, num_updates: int) -> list[float | None]:
         """Return each param group's learning rate after ``num_updates`` optimizer updates."""
-        return [self._value(num_updates, lr_max) for lr_max in self.base_values]
+        return [self._value(num_updates, lr_max) for lr_max in self.base_lr_values]
+
+    total_iterations = property(lambda self: self.total_steps, doc="``total_steps`` (0.1.61's name).")
+    warmup_iterations = property(lambda self: self.num_warmup_steps, doc="``num_warmup_steps`` (0.1.61's name).")
+    num_cooldown_iterations = property(
+        lambda self: self.num_cooldown_steps, doc="``num_cooldown_steps`` (0.1.61's name)."
+    )
+    warmup_lr_init = property(lambda self: self.warmup_starting_lr, doc="``warmup_starting_lr`` (0.1.61's name).")
+    warmup_lr_ratio = property(
+        lambda self: self.warmup_starting_lr_ratio, doc="``warmup_starting_lr_ratio`` (0.1.61's name)."
+    )
+    lr_min_ratio = property(lambda self: self.min_lr_ratio, doc="``min_lr_ratio`` (0.1.61's name).")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state of this version, or one saved by pytorch-accelerated 0.1.61.
+
+        A 0.1.61 state (``total_iterations``, ``warmup_iterations``, ..., ``num_updates``, the
+        last counting from -1) sets the schedule from its settings and the counter to
+        ``num_updates + 1`` completed updates (or to ``_num_updates`` when the state has one,
+        e.g. set by a loader that knows the position), then applies that counter's values.
+
+        Args:
+            state_dict: A state returned by :meth:`state_dict`, of this version or of 0.1.61.
+
+        Raises:
+            ValueError: If ``state_dict`` is neither.
+        """
+        if "total_iterations" not in state_dict:
+            super().load_state_dict(state_dict)
+            return
+        state = {_ORIGINAL_NAMES.get(key, key): value for key, value in state_dict.items()}
+        counter = int(state.pop("num_updates", -1)) + 1
+        state.setdefault("_num_updates", counter)
+        state["num_decay_steps"] = state["total_steps"] - state["num_warmup_steps"] - state["num_cooldown_steps"]
+        super().load_state_dict(state)
 
     def _value(self, t: int, lr_max: float) -> float:
         if t < self.num_warmup_steps:

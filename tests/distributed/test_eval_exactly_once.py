@@ -109,9 +109,32 @@ def test_gather_concatenates_tensors_of_different_lengths_without_padding(
     assert [result["gather"] for result in ranks] == [expected, expected]
 
 
-def test_gather_with_padding_value_pads_the_shorter_tensor(ranks: list[dict[str, Any]]) -> None:
-    expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0], [-1.0, -1.0], [-1.0, -1.0]]
+def test_gather_with_padding_value_strips_the_padding_rows(ranks: list[dict[str, Any]]) -> None:
+    # COMPAT.md §2 gather: KEEP ORIGINAL stripping (0.1.61's remove_padding after the gather).
+    expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0]]
     assert [result["gather_padded"] for result in ranks] == [expected, expected]
+
+
+def test_gather_with_padding_value_gives_compat_worked_example_three_rows(ranks: list[dict[str, Any]]) -> None:
+    # Process 0 holds [[1,2],[3,4]], process 1 [[5,6]], padding_value=-1: 3 rows (was 4 with [-1,-1]).
+    expected = [[1, 2], [3, 4], [5, 6]]
+    assert [result["gather_compat"] for result in ranks] == [expected, expected]
+
+
+def test_metric_callback_reading_run_config_works_on_a_fresh_trainers_evaluate(ranks: list[dict[str, Any]]) -> None:
+    # Issue 9 Deliver 4: evaluate() on a fresh Trainer sets run_config; the original's pattern
+    # computes the metric on the world main process only.
+    evaluations = len(SIZES) + len(GRID) + 2  # evaluate() calls, then the two training runs
+    assert [result["mse"]["is_world_process_zero"] for result in ranks] == [[True] * evaluations, [False] * evaluations]
+    assert len(ranks[0]["mse"]["computed"]) == evaluations
+    assert ranks[0]["mse"]["computed"] == pytest.approx(ranks[1]["mse"]["computed"])  # the same gathered rows
+
+
+def test_eval_batch_size_kwarg_wins_with_two_processes(ranks: list[dict[str, Any]]) -> None:
+    # COMPAT.md "Eval batch size": per_device_batch_size=16, eval batch_size=64, P=2 -> 64 / 64 / 128.
+    for result in ranks:
+        assert result["eval_batch_sizes"] == [64]
+        assert (result["eval_per_device_batch_size"], result["eval_total_batch_size"]) == (64, 128)
 
 
 @pytest.mark.parametrize(("num_samples", "batch_size"), GRID)

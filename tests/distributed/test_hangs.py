@@ -25,7 +25,7 @@ def test_a_signal_on_one_rank_stops_both_at_the_same_point_and_saves_once(tmp_pa
     for name, step, eval_losses in (("evaluation", 8, []), ("training", 3, [])):
         ranks = [result[name] for result in run.results]
         assert [r["global_step"] for r in ranks] == [step, step], name
-        assert ranks[0]["states"] == [f"step-{step:08d}"], name
+        assert ranks[0]["states"] == [f"step_{step}"], name
         assert all(r["eval_losses"] == eval_losses for r in ranks), name  # no partial evaluation
         assert all(r["handler_restored"] and r["wakeup_fd"] == -1 for r in ranks), name
     assert all(r["failure"] == {"handler_restored": True, "wakeup_fd": -1} for r in run.results)

@@ -49,7 +49,7 @@ def test_every_kept_state_is_finite_and_the_newest_is_the_last_before_the_nan(
 
 
 def test_the_refusal_names_the_state_the_step_and_the_process_that_saw_the_nan(run: WorkerRun) -> None:
-    refused = Path(run.out_dir / "states-8" / "step-00000008")
+    refused = Path(run.out_dir / "states-8" / "step_8")
     assert (
         f"Training stopped: Not saving the training state {str(refused)!r} at step 8: the weights hold NaN or "
         f"infinity (on process 0, 1) and the training loss of this epoch was NaN or infinite (on process 1)"

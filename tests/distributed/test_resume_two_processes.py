@@ -71,7 +71,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
         "resume_worker.py",
         root / "resumed",
         "--save-dir", str(root / "resumed_states"),
-        "--resume-from", str(root / "states" / f"step-{MID_EPOCH_STEP:08d}"),
+        "--resume-from", str(root / "states" / f"step_{MID_EPOCH_STEP}"),
     )  # fmt: skip
     relaunched = start_workers(
         "resume_worker.py",
@@ -92,7 +92,7 @@ def test_every_run_has_two_processes_whose_final_weights_agree(runs: dict[str, W
 
 def test_state_at_step_12_was_saved_mid_epoch_by_two_processes(runs: dict[str, WorkerRun]) -> None:
     states = runs["uninterrupted"].out_dir.parent / "states"
-    manifest = json.loads((states / f"step-{MID_EPOCH_STEP:08d}" / "manifest.json").read_text())
+    manifest = json.loads((states / f"step_{MID_EPOCH_STEP}" / "manifest.json").read_text())
     assert (manifest["num_processes"], manifest["epoch"], manifest["batch_index"]) == (2, 1, 6)
 
 
@@ -123,8 +123,8 @@ def test_sigterm_to_both_processes_saves_one_state_at_the_same_step_and_both_exi
     assert [r["signal_received"] for r in run.results] == [signal.SIGTERM, signal.SIGTERM]
     assert [r["progress"]["global_step"] for r in run.results] == [STOP_STEP, STOP_STEP]
     saved = run.saved  # type: ignore[attr-defined]
-    assert sorted(saved) == ["step-00000004", "step-00000008", f"step-{STOP_STEP:08d}"]
-    manifest = saved[f"step-{STOP_STEP:08d}"]
+    assert sorted(saved) == ["epoch_1", "step_4", "step_8"]  # stopped at the end of epoch 1 (step 9)
+    manifest = saved["epoch_1"]
     assert manifest["global_step"] == STOP_STEP and manifest["num_processes"] == 2
     assert (manifest["epoch"], manifest["batch_index"]) == (1, 0)  # saved at the epoch end: resumes at epoch 2
     assert {"rng_state_0.pt", "rng_state_1.pt"} <= set(manifest["files"])

@@ -44,14 +44,39 @@ class RecordSampleIndices(TrainerCallback):
         return {"local_batches": self.local, "gathered": self.gathered}
 
 
+class MeanSquaredErrorMetric(TrainerCallback):
+    """The original library's metric-callback pattern (COMPAT, issue 9 Deliver 4): a torchmetrics
+    metric updated with gathered outputs, computed and printed on the world main process only."""
+
+    def __init__(self) -> None:
+        import torchmetrics
+
+        # Updated with gathered rows, so torchmetrics must not sync them again in compute().
+        self.metric = torchmetrics.MeanSquaredError(sync_on_compute=False)
+        self.computed: list[float] = []
+        self.is_world_process_zero: list[bool] = []
+
+    def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
+        predictions = trainer.gather_for_metrics(batch_output["model_outputs"])
+        targets = trainer.gather_for_metrics(batch[1])
+        self.metric.update(predictions.cpu(), targets.cpu())
+
+    def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.computed.append(self.metric.compute().item())
+        self.is_world_process_zero.append(trainer.run_config.is_world_process_zero)
+        if trainer.run_config.is_world_process_zero:
+            print(f"mse: {self.computed[-1]}")
+        self.metric.reset()
+
+
 def main() -> None:
     args = parse_args({"batch-size": 4, "sizes": "[]", "grid": "[]"})
-    recorder = RecordSampleIndices()
+    recorder, mse = RecordSampleIndices(), MeanSquaredErrorMetric()
     model = make_mlp(seed=0)
     # lr=0: the eval after a training epoch sees the same fixed model as evaluate() does.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     trainer = Trainer(
-        model, nn.MSELoss(), optimizer, callbacks=(*get_default_callbacks(progress_bar=False), recorder)
+        model, nn.MSELoss(), optimizer, callbacks=(*get_default_callbacks(progress_bar=False), recorder, mse)
     )
     result: dict[str, Any] = {}
 
@@ -90,8 +115,33 @@ def main() -> None:
     tensor = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + 100 * rank()
     result["gather"] = trainer.gather(tensor).tolist()
     result["gather_padded"] = trainer.gather(tensor, padding_value=-1).tolist()
+    compat_rows = [[1, 2], [3, 4]] if rank() == 0 else [[5, 6]]  # COMPAT.md's worked example
+    result["gather_compat"] = trainer.gather(torch.tensor(compat_rows), padding_value=-1).tolist()
+    result["mse"] = {"computed": mse.computed, "is_world_process_zero": mse.is_world_process_zero}
+    result.update(eval_batch_size_run(trainer))
     result["world_size"] = dist.get_world_size() if dist.is_initialized() else 1
     write_result(args.out, result)
+
+
+def eval_batch_size_run(trainer: Trainer) -> dict[str, Any]:
+    """COMPAT.md's "Eval batch size" example: an eval ``batch_size`` kwarg wins over 16."""
+    sizes: list[int] = []
+
+    class RecordEvalBatchSizes(TrainerCallback):
+        def on_eval_step_end(self, trainer: Any, batch: Any, **kwargs: Any) -> None:
+            sizes.append(len(batch[0]))
+
+    trainer.callback_handler.add_callback(RecordEvalBatchSizes())
+    trainer.train(
+        RegressionDataset(16), num_epochs=1, eval_dataset=RegressionDataset(128, seed=3, with_index=True),
+        per_device_batch_size=16, eval_dataloader_kwargs={"batch_size": 64},
+    )
+    config = trainer.run_config
+    return {
+        "eval_batch_sizes": sizes,
+        "eval_per_device_batch_size": config.eval_per_device_batch_size,
+        "eval_total_batch_size": config.eval_total_batch_size,
+    }
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def run(scheduler: str, accumulation: int) -> dict[str, Any]:
     create = (
         CosineLrScheduler.create_scheduler_fn(lr_min=LR_MIN, num_warmup_epochs=1)
         if scheduler == "cosine"
-        else WSDLrScheduler.create_scheduler_fn(lr_min=LR_MIN, num_warmup_steps=2, num_checkpoints=2)
+        # WSD's lr_min is a ratio of the peak (0.1), as in 0.1.61: it ends on LR_MIN too.
+        else WSDLrScheduler.create_scheduler_fn(lr_min=LR_MIN / 0.1, num_warmup_steps=2, num_checkpoints=2)
     )
     # 52 samples: with batch 4, 7 batches per process on 2 processes (the last one padded).
     trainer.train(

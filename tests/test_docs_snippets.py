@@ -1,0 +1,114 @@
+"""Every ```python block of README.md and docs/**/*.md runs, or is marked illustrative.
+
+Convention: a fenced ```python block is *illustrative* (shown, not run) when the line just
+before its opening fence is the HTML comment ``<!-- illustrative -->`` (invisible in the built
+site). Every other ```python block is runnable. Blocks of other languages (bash, yaml, text)
+are never run.
+
+The runnable blocks of one page run in order, as one script, in a fresh interpreter
+(``python -c``) in a temporary directory, offline (``HF_HUB_OFFLINE=1``), on one CPU process: a
+block may use names defined by the blocks before it on the same page. Keep runnable blocks
+small (a few epochs on the scikit-learn digits); mark long trainings, multi-process launches
+and GPU-only settings illustrative.
+
+The package's own docstring examples run in tests/test_doctests.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+ILLUSTRATIVE = "<!-- illustrative -->"
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def python_blocks(text: str) -> list[tuple[int, str, bool]]:
+    """Return ``(line number, code, runnable)`` for each ```python block of ``text``."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match or not match["lang"]:
+            i += 1
+            continue
+        start, indent, body = i, len(match["indent"]), []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][indent:])
+            i += 1
+        i += 1
+        if match["lang"] in ("python", "py"):
+            previous = next((line.strip() for line in reversed(lines[:start]) if line.strip()), "")
+            blocks.append((start + 1, "\n".join(body), previous != ILLUSTRATIVE))
+    return blocks
+
+
+def page_script(page: Path) -> str | None:
+    """The runnable blocks of ``page`` joined into one script, or None if it has none."""
+    parts = [
+        f"# --- {page.name}:{line}\n{code}\n"
+        for line, code, runnable in python_blocks(page.read_text())
+        if runnable
+    ]
+    return "\n".join(parts) if parts else None
+
+
+def test_the_block_parser_honours_the_convention() -> None:
+    text = "a\n\n```python\nx = 1\n```\n\n<!-- illustrative -->\n```python\ny = 2\n```\n```bash\nls\n```\n"
+    assert python_blocks(text) == [(3, "x = 1", True), (8, "y = 2", False)]
+
+
+PAGES = [page for page in doc_pages() if page_script(page) is not None]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
+    script = page_script(page)
+    assert script is not None
+    env = subprocess_env(tmp_path)
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"})
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (
+        f"a runnable ```python block of {page.relative_to(ROOT)} failed (mark it illustrative with "
+        f"{ILLUSTRATIVE!r} on the line before its fence if it is not meant to run):\n{result.stderr[-4000:]}"
+    )
+
+
+def test_the_walk_throughs_stay_runnable() -> None:
+    """The README's and the quickstart's examples are run, not merely shown."""
+    assert {ROOT / "README.md", ROOT / "docs" / "quickstart.md"} <= set(PAGES)
+
+
+PUBLIC_MODULES = [
+    "pytorch_accelerated",
+    "pytorch_accelerated.callbacks",
+    "pytorch_accelerated.schedulers",
+    "pytorch_accelerated.schedulers.wsd_scheduler",
+    "pytorch_accelerated.finetuning",
+    "pytorch_accelerated.tracking",
+    "pytorch_accelerated.utils",
+]
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_public_name_is_in_the_api_reference(module_name: str) -> None:
+    """Each name of a public module's ``__all__`` is on a page of docs/api (a ``:::`` directive or,
+    for re-exports of accelerate that mkdocstrings cannot render, a mention)."""
+    module = importlib.import_module(module_name)
+    reference = "".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+    missing = [name for name in module.__all__ if name != "__version__" and name not in reference]
+    assert not missing, f"{module_name} names missing from docs/api/*.md: {missing}"
