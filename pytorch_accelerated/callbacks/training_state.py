@@ -216,10 +216,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         config, index = trainer.run_config, trainer.progress.batch_index
         if config is None:
             return False
-        try:
-            return index % config.gradient_accumulation_steps == 0 or index == len(trainer.train_dataloader)
-        except TypeError:  # a loader without a length
-            return False
+        # The epoch's training is done (its last window, however short, ended with an update).
+        return index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
@@ -240,22 +238,21 @@ class SaveTrainingStateCallback(TrainerCallback):
             if name is None or self._saved_dir.name == name:
                 return self._saved_dir
         directory = self.save_dir / (name or f"step_{trainer.progress.global_step}")
-        before, self._last_saved_step = self._last_saved_step, None
         if self._watchdog is not None:  # a save's barriers may take long: not a hang
             self._watchdog.pause()
         try:
-            self._save(trainer, directory, at_end=at_end)
+            written = self._save(trainer, directory, at_end=at_end)
         finally:
             if self._watchdog is not None:
                 self._watchdog.resume()
-        if self._last_saved_step is None:  # not written (only at the end, where that is printed)
-            self._last_saved_step = before
+        if not written:  # a non-finite state at the end of the run (that was printed)
             return None
         self._saved_at, self._saved_dir = position, directory
         return directory
 
-    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False) -> None:
-        """Save a state, then delete the oldest beyond ``max_checkpoints``.
+    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False) -> bool:
+        """Save a state, then delete the oldest beyond ``max_checkpoints``; return whether it
+        was written.
 
         A state with NaN or infinity is not written (:class:`NonFiniteStateError`, which stops a
         run); at the end of the run, when it is stopping anyway, that is only printed, so the
@@ -267,10 +264,11 @@ class SaveTrainingStateCallback(TrainerCallback):
             if not at_end:
                 raise
             trainer.print(str(error))
-            return
+            return False
         self._last_saved_step = trainer.progress.global_step
         if self.max_checkpoints is not None and trainer.is_world_process_zero:
             _delete_old_states(self.save_dir, self.max_checkpoints, just_saved=directory)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_saved_step": self._last_saved_step}
