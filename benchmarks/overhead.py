@@ -11,7 +11,13 @@ of optimizer steps:
   with ``accelerator.backward``.
 - ``trainer_default_callbacks``: ``Trainer.train`` with ``DEFAULT_CALLBACKS`` exactly as users
   get them (progress bar and printing included).
-- ``trainer_no_callbacks``: ``Trainer.train`` with ``callbacks=()``.
+- ``trainer_no_callbacks``: ``Trainer.train`` with ``callbacks=()``: the Trainer logging nothing.
+- ``trainer_tracking_every_50``: ``Trainer.train`` with only
+  ``TrackingCallback(["csv"], log_every_n_steps=50)``: step metrics measured and written to a
+  CSV file every 50 updates (and the epoch loss at each epoch's end), against
+  ``trainer_no_callbacks`` (its own ``RATIO`` line; the goal is within 2% per step).
+
+``--loops`` measures only some of them (``plain`` is always measured: the ratios need it).
 
 How the per-step cost is measured: each loop is timed for a short run (``--short-epochs``
 whole epochs) and a long run (that plus about ``--steps`` more optimizer steps, rounded up to
@@ -40,6 +46,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/overhead.py
     .venv/bin/python benchmarks/overhead.py --steps 2048 --repeats 21 --json-out overhead.json
+    .venv/bin/python benchmarks/overhead.py --loops trainer_no_callbacks trainer_tracking_every_50 --repeats 31
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,7 +77,7 @@ import accelerate  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from pytorch_accelerated import Trainer  # noqa: E402
-from pytorch_accelerated.callbacks import DEFAULT_CALLBACKS  # noqa: E402
+from pytorch_accelerated.callbacks import DEFAULT_CALLBACKS, TrackingCallback  # noqa: E402
 
 SEED = 0
 NUM_FEATURES, HIDDEN, NUM_CLASSES = 32, 32, 10
@@ -147,15 +155,24 @@ def accelerate_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock
     return clock() - start, steps
 
 
-def trainer_loop(callbacks: tuple) -> Loop:
+def trainer_loop(callbacks: tuple | Callable[[str], tuple]) -> Loop:
+    """A Trainer loop with ``callbacks``, or with the callbacks that ``callbacks(logging_dir)``
+    makes afresh for each run (a tracker writes its files in a new temporary folder)."""
+
     def run(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> tuple[float, int]:
-        model, optimizer, loss_func = build_model()
-        trainer = Trainer(model, loss_func, optimizer, callbacks=callbacks)
-        start = clock()
-        trainer.train(data, num_epochs=num_epochs, per_device_batch_size=batch_size, seed=SEED)
-        return clock() - start, trainer.progress.global_step
+        with tempfile.TemporaryDirectory() as logging_dir:
+            model, optimizer, loss_func = build_model()
+            run_callbacks = callbacks(logging_dir) if callable(callbacks) else callbacks
+            trainer = Trainer(model, loss_func, optimizer, callbacks=run_callbacks)
+            start = clock()
+            trainer.train(data, num_epochs=num_epochs, per_device_batch_size=batch_size, seed=SEED)
+            return clock() - start, trainer.progress.global_step
 
     return run
+
+
+def tracking_every_50(logging_dir: str) -> tuple:
+    return (TrackingCallback(["csv"], log_every_n_steps=50, logging_dir=logging_dir),)
 
 
 LOOPS: dict[str, Loop] = {
@@ -163,7 +180,10 @@ LOOPS: dict[str, Loop] = {
     "accelerate": accelerate_loop,
     "trainer_default_callbacks": trainer_loop(DEFAULT_CALLBACKS),
     "trainer_no_callbacks": trainer_loop(()),
+    "trainer_tracking_every_50": trainer_loop(tracking_every_50),
 }
+#: RATIO lines printed at the end (when both loops were measured): numerator, denominator.
+RATIOS = (("trainer_default_callbacks", "plain"), ("trainer_tracking_every_50", "trainer_no_callbacks"))
 
 
 @contextlib.contextmanager
@@ -186,7 +206,7 @@ def measure(args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, in
     """Per-step seconds of every loop in every round: (t_long - t_short) / extra steps."""
     short_epochs, long_epochs = epochs
     extra_steps = (long_epochs - short_epochs) * len(seeded_loader(data, args.batch_size))
-    names = list(LOOPS)
+    names = ["plain", *(name for name in LOOPS if name != "plain" and name in args.loops)]
     for name in names:  # warm-up: imports, allocator, accelerate state, first-call caches
         time_run(name, data, args.batch_size, short_epochs, clock)
     per_step: dict[str, list[float]] = {name: [] for name in names}
@@ -212,6 +232,8 @@ def parse_args() -> argparse.Namespace:
         help="cpu: this process's CPU time, steadier on a shared machine but blind to time spent "
              "waiting for an accelerator; wall: elapsed time; auto: cpu on a CPU device, else wall",
     )
+    parser.add_argument("--loops", nargs="+", choices=list(LOOPS), default=list(LOOPS),
+                        help="the loops to measure (plain is always measured)")
     parser.add_argument("--json-out", type=Path, default=None, help="also write every measurement to this file")
     args = parser.parse_args()
     for option in ("steps", "repeats", "batch_size", "dataset_size", "short_epochs"):
@@ -263,7 +285,12 @@ def main() -> None:
             "ratio_to_plain": ratio,
         }
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nRATIO trainer_default_callbacks/plain = {ratio['trainer_default_callbacks']:.2f}")
+    print()
+    for name, reference in RATIOS:
+        if name in per_step and reference in per_step:
+            paired = statistics.median(t / r for t, r in zip(per_step[name], per_step[reference], strict=True))
+            digits = 2 if reference == "plain" else 3  # the goal against no logging is 2%
+            print(f"RATIO {name}/{reference} = {paired:.{digits}f}")
 
 
 if __name__ == "__main__":

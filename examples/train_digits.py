@@ -17,10 +17,6 @@ import os
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # write files only; no display needed
-import matplotlib.pyplot as plt
 import torch
 from sklearn.datasets import load_digits
 from sklearn.preprocessing import StandardScaler
@@ -30,7 +26,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision, MulticlassRecall
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import TrainerCallback
+from pytorch_accelerated.callbacks import PlotRunCallback, TrackingCallback, TrainerCallback
 from pytorch_accelerated.trainer import DEFAULT_CALLBACKS
 
 NUM_CLASSES = 10
@@ -98,23 +94,6 @@ def load_digit_splits(seed):
     return (*datasets, scaler)
 
 
-def save_plot(history, test_accuracy, path):
-    epochs = range(1, len(history["train_loss_epoch"]) + 1)
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_ax.plot(epochs, history["train_loss_epoch"], "o-", label="train")
-    loss_ax.plot(epochs, history["eval_loss_epoch"], "o-", label="validation")
-    loss_ax.set(title="Loss per epoch", xlabel="epoch", ylabel="cross-entropy loss")
-    acc_ax.plot(epochs, history["accuracy"], "o-", color="tab:green", label="validation")
-    acc_ax.axhline(test_accuracy, color="tab:red", linestyle="--", label=f"test ({test_accuracy:.3f})")
-    acc_ax.set(title="Accuracy per epoch", xlabel="epoch", ylabel="accuracy")
-    for ax in (loss_ax, acc_ax):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -124,6 +103,12 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/digits"))
     parser.add_argument("--seed", type=int, default=42, help="data split, initial weights, shuffling")
+    parser.add_argument(
+        "--log-every-n-steps",
+        type=int,
+        default=5,
+        help="optimizer updates between two points of the step metrics",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     if "OMP_NUM_THREADS" not in os.environ:
@@ -141,8 +126,17 @@ def main():
         model,
         loss_func=loss_func,
         optimizer=optimizer,
-        # Before the defaults, so the metrics are in the history when LogMetricsCallback prints it.
-        callbacks=(ClassificationMetricsCallback(NUM_CLASSES), *DEFAULT_CALLBACKS),
+        callbacks=(
+            # Before the defaults, so the metrics are in the history when LogMetricsCallback prints it.
+            ClassificationMetricsCallback(NUM_CLASSES),
+            # Step metrics (loss, learning rate, samples/s...) every few updates, one CSV row per value.
+            TrackingCallback(
+                ["csv"], args.log_every_n_steps, run_name="digits", logging_dir=args.output_dir / "runs"
+            ),
+            # One picture of the run: losses, learning rate and every metric against update steps.
+            PlotRunCallback(args.output_dir / "training_curves.png"),
+            *DEFAULT_CALLBACKS,
+        ),
     )
     trainer.train(
         train_dataset=train_dataset,
@@ -151,12 +145,6 @@ def main():
         per_device_batch_size=args.batch_size,
         seed=args.seed,
     )
-    # evaluate() adds to the history, so keep the per-epoch curves of the training run.
-    history = {
-        name: trainer.run_history.get_metric_values(name)[:]
-        for name in ("train_loss_epoch", "eval_loss_epoch", "accuracy")
-    }
-
     # No gradients are kept during evaluation, so a larger batch fits.
     test_metrics = trainer.evaluate(dataset=test_dataset, per_device_batch_size=2 * args.batch_size)
     test_accuracy = test_metrics["accuracy"]
@@ -171,10 +159,10 @@ def main():
             "scaler_scale": scaler.scale_,
         },
     )
-    if trainer.is_world_process_zero:
-        save_plot(history, test_accuracy, args.output_dir / "training_curves.png")
-
-    trainer.print(f"\nSaved {args.output_dir}/digits_mlp.pt and {args.output_dir}/training_curves.png")
+    trainer.print(
+        f"\nSaved {args.output_dir}/digits_mlp.pt, {args.output_dir}/training_curves.png and "
+        f"{args.output_dir}/runs/digits/metrics.csv"
+    )
     trainer.print(
         f"num_processes={trainer.run_config.num_processes} wall_time_s={time.perf_counter() - start:.1f}"
     )

@@ -4,14 +4,18 @@ The house, read top-down (each layer imports only the layers below it)::
 
     trainer             Trainer: train / evaluate and the loop, one method per ML step
     loaders             the Trainer's data-loader methods (a base class of the Trainer)
+    prediction          the Trainer's predict: outputs of every sample, in data-set order, exactly
+                        once across processes (a base class of the Trainer)
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
-                        wsd_checkpoints, sync_batchnorm
+                        wsd_checkpoints, sync_batchnorm, trackers
+                        (TrackingCallback, CSVTracker), plotting (PlotRunCallback)
     checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
                         directories), finite (no NaN is ever written), state_checks (every
                         file checked before anything is loaded), original_states (reading
-                        0.1.x training states), trainer_io (the Trainer's save and load methods)
+                        0.1.x training states), reshard (resuming mid-epoch on another number
+                        of processes), trainer_io (the Trainer's save and load methods)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
                         them under 0.1.61's module paths
@@ -19,7 +23,9 @@ The house, read top-down (each layer imports only the layers below it)::
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
                         RunState (the loop's own working state)
     placeholders        TrainerPlaceholderValues, resolved when a run starts
-    tracking            RunHistory, InMemoryRunHistory, LossTracker
+    tracking            RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
+                        LossTracker
+    step_metrics        StepMetrics: the loop's step-level metrics, no device read between points
     finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),

@@ -36,23 +36,49 @@ from ._internal.accelerate_support import needs_preparing
 class ReproducibleShuffleSampler(Sampler[int]):
     """A random permutation of ``range(num_samples)`` determined by ``seed`` and the epoch.
 
-    Call :meth:`set_epoch` before each epoch; the Trainer does.
+    Call :meth:`set_epoch` before each epoch; the Trainer does. The order is global: accelerate
+    cuts it into batches and deals them to the processes in turn, so with P processes and
+    per-device batch B, batch *k* of every process ends at sample ``(k + 1) * P * B`` of it.
+
+    >>> sampler = ReproducibleShuffleSampler(6, seed=0)
+    >>> order = list(sampler)
+    >>> sampler.skip_in_epoch(0, 4)  # the first 4 samples of epoch 0's order were seen already
+    >>> list(sampler) == order[4:], len(sampler)
+    (True, 2)
+    >>> sampler.set_epoch(1); len(sampler)  # later epochs are whole again
+    6
     """
 
     def __init__(self, num_samples: int, seed: int) -> None:
         self.num_samples = num_samples
         self.seed = seed
         self.epoch = 0
+        self._skip: tuple[int, int] | None = None  # (epoch, samples) left out of that epoch's order
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def skip_in_epoch(self, epoch: int, num_samples: int) -> None:
+        """Leave the first ``num_samples`` of epoch ``epoch``'s order out of that epoch (only):
+        how a run resumed on other settings continues the saved epoch (see
+        :mod:`pytorch_accelerated.checkpoints.reshard`)."""
+        self._skip = (epoch, num_samples) if num_samples else None
+
+    def skipped_in(self, epoch: int) -> int:
+        """The samples left out of epoch ``epoch``'s order (0 but in a resumed epoch)."""
+        return self._skip[1] if self._skip is not None and self._skip[0] == epoch else 0
+
+    @property
+    def skipped(self) -> int:
+        """The samples left out of the current epoch's order."""
+        return self.skipped_in(self.epoch)
+
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.num_samples, generator=generator).tolist()
+        yield from torch.randperm(self.num_samples, generator=generator).tolist()[self.skipped :]
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.num_samples - self.skipped
 
 
 class ShardedEvalBatchSampler(Sampler[list[int]]):

@@ -132,8 +132,11 @@ class DataLoaderMethods:
             self.model, self.optimizer, self._train_dataloader = prepared
             self._prepared_model, self._prepared_optimizer, self._direct_steps = self.model, self.optimizer, False
         if self._prepared_model is None or self.model is not self._prepared_model:
-            self.model = self._accelerator.prepare(self.model)
-            self._prepared_model = self.model
+            if any(parameter.requires_grad for parameter in self.model.parameters()):
+                self.model = self._accelerator.prepare(self.model)
+                self._prepared_model = self.model
+            else:  # DDP refuses a model with nothing to train: placed only, wrapped once it trains
+                self.model = self._accelerator.prepare_model(self.model, evaluation_mode=True)
         if self.optimizer is not None and self.optimizer is not self._prepared_optimizer:
             self.optimizer, self._direct_steps = prepare_optimizer(self._accelerator, self.optimizer)
             self._prepared_optimizer = self.optimizer

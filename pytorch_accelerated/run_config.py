@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .step_metrics import StepMetrics
 from .tracking import LossTracker
 
 if TYPE_CHECKING:
@@ -184,7 +185,8 @@ class RunProgress:
     Attributes:
         epoch: the epoch being run, counted from 0 (``run_history.current_epoch`` is the same
             epoch counted from 1); once an epoch's last event has fired, the next one.
-        global_step: optimizer updates completed since the start of the run.
+        global_step: optimizer updates completed since the start of the run (an update that
+            fp16's gradient scaler skipped is not counted, here or in ``epoch_step``).
         batch_index: batches of the current epoch fully processed by this process.
         epoch_step: optimizer updates completed in the current epoch.
     """
@@ -228,6 +230,7 @@ class RunState:
             a state saved during its evaluation resumes with that evaluation.
         pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
             the run's start events have fired.
+        step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -238,15 +241,21 @@ class RunState:
     epoch_finished: bool = False
     epoch_trained: bool = False
     pending_resume: dict[str, Any] | None = None
+    step_metrics: StepMetrics = field(default_factory=StepMetrics)
 
     def state_dict(self) -> dict[str, Any]:
-        """What every process shares: the loss weighting unit, the shuffle seed, the first epoch."""
+        """What every process shares: the loss weighting unit, the shuffle seed, the first epoch,
+        the training set's length and the samples skipped in a resumed epoch."""
         return {
             "loss_weight_unit": self.window.unit if self.window is not None else None,
             "shuffle_seed": self.train_sampler.seed if self.train_sampler is not None else None,
             "history_first_epoch": self.history_first_epoch,
             # Saved during the epoch's evaluation: a resumed run evaluates, without training again.
             "epoch_trained": self.epoch_trained and not self.epoch_finished,
+            # The training set's length and, in an epoch resumed on other settings, the samples
+            # its order starts after: a resume on other settings maps the position through them.
+            "train_samples": self.train_sampler.num_samples if self.train_sampler is not None else None,
+            "samples_skipped": self.train_sampler.skipped if self.train_sampler is not None else 0,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -258,10 +267,13 @@ class RunState:
         self.epoch_trained = bool(state.get("epoch_trained", False))
 
     def process_state_dict(self, mid_epoch: bool) -> dict[str, Any]:
-        """This process's own share: its part of the epoch's training loss so far (mid-epoch)."""
+        """This process's own share: its part of the epoch's training loss so far (mid-epoch), and
+        of the loss since the last step-metrics point."""
+        loss = self.train_loss
+        own = {"step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count)}
         if not mid_epoch:
-            return {"train_loss": None}
-        return {"train_loss": {"total": self.train_loss.running_total, "count": self.train_loss.count}}
+            return {"train_loss": None, **own}
+        return {"train_loss": {"total": loss.running_total, "count": loss.count}, **own}
 
     def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:
         self.train_loss.reset()
@@ -270,3 +282,5 @@ class RunState:
             total = partial["total"]
             self.train_loss.running_total = total.to(device) if hasattr(total, "to") else total
             self.train_loss.count = partial["count"]
+        loss = self.train_loss
+        self.step_metrics.load_process_state_dict(state.get("step_metrics"), loss.running_total, loss.count, device)

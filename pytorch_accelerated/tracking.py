@@ -1,7 +1,8 @@
 """Run history and loss tracking.
 
 The run history holds one value per epoch for each metric (``train_loss_epoch``,
-``eval_loss_epoch``, anything a callback records); :class:`LossTracker` averages per-batch
+``eval_loss_epoch``, anything a callback records) and step-indexed series of ``(step, value)``
+points (the step metrics); :class:`LossTracker` averages per-batch
 losses without forcing a device-to-host copy on every step.
 """
 
@@ -97,21 +98,58 @@ class RunHistory(ABC):
                 f"epoch {epoch}; override set_current_epoch to allow it."
             )
 
+    # ------------------------------------------------------------------ step-indexed series
+
+    def update_step_metric(self, metric_name: str, step: int, metric_value: Any) -> None:
+        """Record ``metric_value`` of the step-indexed series ``metric_name`` (with the current
+        prefix) at optimizer update ``step`` (the number of completed updates).
+
+        The Trainer records the step metrics (:mod:`pytorch_accelerated.step_metrics`) here when
+        a callback asks for them; the per-epoch metrics stay in :meth:`update_metric`. This and
+        the other ``*step_metric*`` methods work for every subclass, with nothing to override.
+        """
+        series = self._step_series().setdefault(f"{self.metric_name_prefix}{metric_name}", [])
+        series.append((int(step), metric_value))
+
+    def get_step_metric_names(self) -> set[str]:
+        """Return the names of every step-indexed series recorded so far."""
+        return set(self._step_series())
+
+    def get_step_metric_values(self, metric_name: str) -> list[tuple[int, Any]]:
+        """Return the ``(step, value)`` points of ``metric_name``, oldest first (empty if none)."""
+        return list(self._step_series().get(metric_name, []))
+
+    def reset_step_metrics(self) -> None:
+        """Forget every step-indexed series."""
+        self._step_series().clear()
+
+    def _step_series(self) -> dict[str, list[tuple[int, Any]]]:
+        # Created on first use, so that subclasses need not call an __init__ of this class.
+        series: dict[str, list[tuple[int, Any]]] = self.__dict__.setdefault("_step_metrics", {})
+        return series
+
+    # ------------------------------------------------------------------ saving
+
     def state_dict(self) -> dict[str, Any]:
         """Return the history as plain Python values, for saving training state."""
         return {
             "metrics": {name: list(self.get_metric_values(name)) for name in self.get_metric_names()},
             "current_epoch": self.current_epoch,
+            "step_metrics": {name: [list(point) for point in points] for name, points in self._step_series().items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a history saved by :meth:`state_dict`."""
         self.reset()
+        self.reset_step_metrics()
         prefix = self.metric_name_prefix
         self.set_metric_name_prefix("")
         for name, values in state["metrics"].items():
             for value in values:
                 self.update_metric(name, value)
+        for name, points in state.get("step_metrics", {}).items():
+            for step, value in points:
+                self.update_step_metric(name, step, value)
         self.set_metric_name_prefix(prefix)
         self.set_current_epoch(int(state["current_epoch"]))
 
@@ -166,6 +204,7 @@ class InMemoryRunHistory(RunHistory):
         self._metrics = defaultdict(list)
         self._current_epoch = 1
         self._prefix = ""
+        self.reset_step_metrics()
 
 
 class LossTracker:

@@ -9,6 +9,7 @@ and pinned by tests/test_event_order.py.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -61,6 +62,7 @@ from .data import (
 )
 from .loaders import DataLoaderMethods
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
+from .prediction import PredictionMethods
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 
-class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
+class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, CheckpointMethods):
     """Trains and evaluates a model with a complete, distributed-ready loop.
 
     Args:
@@ -236,7 +238,7 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
             reset_run_history=reset_run_history,
             resume_from=resume_from,
         )
-        check_train_arguments(self.model, self.optimizer, settings, **set_up.keywords)
+        check_train_arguments(self._accelerator, self.model, self.optimizer, settings, **set_up.keywords)
         self._run_guarded(set_up, self._run_training, end="training_run_end", stopped="Training stopped")
 
     def _set_up_training(
@@ -271,6 +273,8 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         self._set_seed(seed)
         if reset_run_history:
             self.run_history.reset()
+            self.run_history.reset_step_metrics()
+        self.last_grad_norm = None
         self.progress = RunProgress()
         self.run_state = RunState(history_first_epoch=self.run_history.current_epoch)
 
@@ -384,7 +388,7 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         except StopTrainingError as error:
             self.print(f"{stopped} before it started: {error}")
             return
-        with self._announcing_failures():
+        with self._announcing_failures(), trainer_io.finishing_background_saves(self):
             try:
                 body()
             except StopTrainingError as error:
@@ -449,15 +453,17 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         accumulation = self._config().gradient_accumulation_steps
         window_weight: Any = 0
         windows = accumulation_windows(train_dl, self.progress.batch_index, accumulation, batches_per_epoch(train_dl))
-        for step, batch, window_size, is_update_step in windows:
+        for step, batch, window_size, is_update_step in self.run_state.step_metrics.timed(windows):
             self.callback_handler.call_event("on_train_step_start", self)
             # Gradients are only all-reduced on the batch that completes an update.
             batch_output, weight = self._train_on_batch(batch, window_size, sync=is_update_step or window_size == 1)
             window_weight = window_weight + weight
-            if is_update_step:
-                self._update_parameters(window_weight, window_size)
+            if is_update_step:  # False from here on if fp16's scaler skipped the update
+                is_update_step = self._update_parameters(window_weight, window_size)
                 window_weight = 0
             self.progress.batch_index = step + 1
+            if is_update_step and self.run_state.step_metrics.is_due(self.progress.global_step):
+                self._record_step_metrics()
             self.callback_handler.call_event(
                 "on_train_step_end", self, batch=batch, batch_output=batch_output, step=step, is_update_step=is_update_step
             )
@@ -476,8 +482,11 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         self._run_method_then_event("train_epoch_start")
         if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
             train_dl = self._train_dataloader
-        if self.progress.batch_index == 0:
-            self.run_state.train_loss.reset()
+        if self.progress.batch_index == 0 and not (sampler is not None and sampler.skipped_in(self.progress.epoch)):
+            loss = self.run_state.train_loss
+            if self.run_state.step_metrics.active:  # the epoch's sum is reset: keep what is not logged yet
+                self.run_state.step_metrics.carry_epoch_loss(loss.running_total, loss.count)
+            loss.reset()
         else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
             train_dl = skip_first_batches(train_dl, self.progress.batch_index)
         self._set_epoch(train_dl, self.progress.epoch)
@@ -492,11 +501,17 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
             check_batch_output(batch_output, "calculate_train_batch_loss")
             weight = window.weight_of(batch_output)
             self.run_state.train_loss.update(batch_output["loss"], weight)
+            if self.run_state.step_metrics.active:
+                self.run_state.step_metrics.batch_done(batch_output)
             self.backward_step(window.scale(batch_output["loss"], weight, window_size))
         return batch_output, weight
 
-    def _update_parameters(self, window_weight: Any, window_size: int) -> None:
-        """The update at the end of an accumulation window: clip, step, schedule, zero, count."""
+    def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
+        """The update at the end of an accumulation window: clip, step, schedule, zero, count.
+
+        Returns False, counting nothing, when the update was skipped (fp16's gradient scaler
+        found inf/NaN gradients): the parameters did not change (docs/recipes/precision.md).
+        """
         window = self.run_state.window
         assert window is not None  # set by train()
         window.correct_gradients(self.model.parameters(), window_weight, window_size)
@@ -504,8 +519,22 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
         self.optimizer_step()
         self.scheduler_step()
         self.optimizer_zero_grad()
+        if not self._direct_steps and self._accelerator.optimizer_step_was_skipped:  # no scaler: never
+            return False
         self.progress.global_step += 1
         self.progress.epoch_step += 1
+        self.run_state.step_metrics.update_done()
+        return True
+
+    def _record_step_metrics(self) -> None:
+        """Measure the step metrics due now (a collective), record them in the run history,
+        then fire ``on_step_metrics``: before ``on_train_step_end``, so a state saved at this
+        step is published after its point was logged."""
+        step = self.progress.global_step
+        metrics = self.run_state.step_metrics.measure(self)
+        for name, value in metrics.items():
+            self.run_history.update_step_metric(name, step, value)
+        self.callback_handler.call_event("on_step_metrics", self, step=step, metrics=metrics)
 
     def _set_epoch(self, dataloader: Any, epoch: int) -> None:
         # accelerate's loaders pass their own iteration count to the sampler when iterated, so
@@ -641,6 +670,8 @@ class Trainer(ProcessUtilities, DataLoaderMethods, CheckpointMethods):
             self._accelerator.clip_grad_value_(self.model.parameters(), config.gradient_clip_value)
         if config.max_grad_norm is not None:
             self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+        elif self.run_state.step_metrics.wants_grad_norm(self.progress.global_step + 1):  # a logged update
+            self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), math.inf)
 
     def optimizer_step(self) -> None:
         """Update the parameters."""

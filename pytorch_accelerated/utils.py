@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import extract_model_from_parallel
+from accelerate.utils import compile_regions as _accelerate_compile_regions
+from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from torch import nn
 
 from ._internal.distributed import strip_padding
@@ -27,6 +28,7 @@ __all__ = [
     "DataLoaderSlice",
     "worker_init_fn",
     "remove_padding",
+    "compile_regions",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -176,6 +178,37 @@ def remove_padding(padded_tensor: torch.Tensor, pad_value: Any) -> torch.Tensor:
     every row (along dim 0) whose elements all equal ``pad_value``.
     """
     return strip_padding(padded_tensor, pad_value)
+
+
+def compile_regions(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Compile ``model`` block by block (regional compilation) and return the model to train.
+
+    Each ``nn.ModuleList`` whose modules are all of one class (the repeated blocks of a
+    transformer) has its blocks compiled one by one with ``torch.compile(**compile_kwargs)``:
+    identical blocks share one compiled graph, so the model compiles about as fast as one
+    block, where compiling the whole model traces every block. The other parts of the model
+    are compiled one by one too; a model without repeated blocks is compiled whole. This is
+    accelerate's ``accelerate.utils.compile_regions`` (the same as ``accelerate launch
+    --dynamo_use_regional_compilation``), checked here first.
+
+    Pass the result to the Trainer as the model. Checkpoints and training states hold the plain
+    model's keys (no ``_orig_mod.``), so they load into the uncompiled model and back, and
+    ``trainer.get_model(keep_torch_compile=False)`` returns the plain model. See
+    docs/recipes/compile.md.
+
+    Args:
+        model: The plain (not yet compiled) model.
+        **compile_kwargs: Passed to ``torch.compile``: ``backend``, ``mode``, ``dynamic``, ...
+
+    Raises:
+        ValueError: If ``model`` was already compiled with ``torch.compile``.
+    """
+    if is_compiled_module(model) or "_orig_mod" in model.__dict__:
+        raise ValueError(
+            f"compile_regions was given a model that is already compiled ({type(model).__name__}); pass the "
+            f"plain model instead: compile it either whole with torch.compile or by regions, not both."
+        )
+    return _accelerate_compile_regions(model, **compile_kwargs)
 
 
 class ModelEma(nn.Module):

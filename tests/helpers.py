@@ -41,6 +41,17 @@ class IndexedDataset(Dataset):
         return x, y, index
 
 
+class AskForStepMetrics(TrainerCallback):
+    """Asks for step metrics every ``every_n_steps`` updates when a run starts, so that
+    ``on_step_metrics`` fires (it fires only in runs where a callback asked)."""
+
+    def __init__(self, every_n_steps: int = 1) -> None:
+        self.every_n_steps = every_n_steps
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.run_state.step_metrics.request(self.every_n_steps)
+
+
 #: What the recorders write into ``positions``: (progress.epoch, progress.global_step, event).
 Position = tuple[int, int, str]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import make_recording_trainer, make_regression_data
+from helpers import AskForStepMetrics, make_recording_trainer, make_regression_data
 
 from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
 
@@ -63,6 +63,20 @@ def test_accumulation_updates_every_n_batches_and_on_the_partial_last_window() -
     assert log == expected
     assert trainer.progress.global_step == 3
     assert trainer.run_config.num_update_steps_per_epoch == 3
+
+
+def test_step_metrics_fire_after_the_update_where_a_point_is_due_and_before_step_end() -> None:
+    log: list[str] = []
+    positions: list = []
+    trainer = make_recording_trainer(log, extra_callbacks=(AskForStepMetrics(every_n_steps=2),), positions=positions)
+    # 5 batches, 2 per update: updates 1, 2, 3 end batches 1, 3 and 4; a point is due at update 2.
+    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+
+    with_point = [*train_batch(update=True)[:-1], "on_step_metrics", "on_train_step_end"]
+    batches = [train_batch(False), train_batch(True), train_batch(False), with_point, train_batch(True)]
+    assert log[2:-3] == ["on_train_epoch_start", *[event for batch in batches for event in batch]]
+    assert [(step, event) for _, step, event in positions if event == "on_step_metrics"] == [(2, "on_step_metrics")]
+    assert [step for step, _ in trainer.run_history.get_step_metric_values("train_loss")] == [2]
 
 
 def test_max_num_train_steps_stops_mid_epoch_then_ends_the_epoch_and_the_run() -> None:

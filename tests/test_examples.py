@@ -2,12 +2,14 @@
 
 Each run writes into a pytest temporary folder; the test reads the accuracy from the run's last
 line (``FINAL test_accuracy=...``), then checks that the checkpoint loads safely into a fresh
-model that really scores that accuracy, and that the plot was written.
+model that really scores that accuracy, and that the plot (PlotRunCallback: losses, learning
+rate and the metrics against update steps) and the step metrics' CSV file were written.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from types import ModuleType
 import pytest
 import torch
 from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from PIL import Image
 
 pytestmark = pytest.mark.examples
 
@@ -69,6 +72,11 @@ def _assert_outputs_hold_the_trained_model(out_dir: Path, accuracy: float, examp
     plot = out_dir / "training_curves.png"
     assert plot.is_file() and plot.stat().st_size > 1000
     assert plot.read_bytes().startswith(b"\x89PNG")
+    with Image.open(plot) as image:
+        panels = json.loads(image.text["Panels"])
+    assert panels[:3] == ["loss", "learning rate", "accuracy"]
+    assert {"precision", "recall", "samples_per_second"} <= set(panels)
+    assert (out_dir / "runs" / "digits" / "metrics.csv").is_file()
 
 
 def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot(tmp_path, example):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import EventRecorder, make_linear_model, make_regression_data, subprocess_env
+from helpers import AskForStepMetrics, EventRecorder, make_linear_model, make_regression_data, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -80,6 +80,7 @@ class RecordException(TrainerCallback):
 
 def make_trainer(callbacks: tuple, trainer_class: type[Trainer] = Trainer) -> Trainer:
     model = make_linear_model()
+    callbacks = (AskForStepMetrics(every_n_steps=1), *callbacks)  # so that on_step_metrics fires too
     return trainer_class(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=callbacks)
 
 

@@ -561,21 +561,32 @@ def test_resume_from_a_state_of_a_different_model_names_the_mismatched_keys_and_
 
 
 @pytest.mark.parametrize(
-    "changed, now",
-    [({"per_device_batch_size": 2}, "1 x 2 x 2"), ({"gradient_accumulation_steps": 1}, "1 x 4 x 1")],
+    "changed, now, batch_index",
+    [({"per_device_batch_size": 2}, "1 x 2 x 2", 16), ({"gradient_accumulation_steps": 1}, "1 x 4 x 1", 8)],
     ids=["per_device_batch_size", "gradient_accumulation_steps"],
 )
-def test_mid_epoch_resume_with_other_batch_settings_is_refused_naming_both_before_training(
-    reference: dict[int, dict[str, Any]], changed: dict[str, int], now: str
+def test_mid_epoch_resume_with_other_batch_settings_warns_naming_both_and_continues_after_the_same_samples(
+    reference: dict[int, dict[str, Any]], changed: dict[str, int], now: str, batch_index: int
 ) -> None:
-    trainer, log, before = make_recording_trainer()
-    with pytest.raises(ValueError, match="Cannot resume .* mid-epoch") as error:
+    # The state after step 4 (batch 8 of 4 samples: 32 of the epoch's 66 seen); on the new
+    # settings the position is batch 32 / (batch size) and the rest of the epoch is the other 34.
+    positions: list[dict[str, int]] = []
+
+    class RecordStart(TrainerCallback):
+        def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+            positions.append(trainer.progress.state_dict())
+
+    trainer = rw.make_trainer(extra_callbacks=(RecordStart(),))
+    with pytest.warns(UserWarning, match="mid-epoch: it was saved with") as warned:
         rw.train(trainer, resume_from=state(reference[0]["states"], 4), **changed)
-    assert (
-        f"saved with 1 process(es) x per_device_batch_size 4 x gradient_accumulation_steps 2, resumed with {now}"
-        in str(error.value)
+    assert any(
+        f"saved with 1 process(es) x per_device_batch_size 4 x gradient_accumulation_steps 2, resumed with {now}. "
+        "32 samples of epoch 1's order were seen" in str(w.message)
+        for w in warned
     )
-    assert_nothing_trained(trainer, log, before)
+    assert positions == [{"epoch": 0, "global_step": 4, "batch_index": batch_index, "epoch_step": 4}]
+    # The rest of epoch 1 (34 samples: 9 updates either way), then 2 epochs of 17 updates.
+    assert trainer.progress.global_step == 4 + 9 + 2 * 17
 
 
 def test_mid_epoch_resume_with_a_different_training_set_is_refused_before_training(
@@ -651,12 +662,15 @@ def test_mid_epoch_state_of_2_processes_resumes_on_1_with_the_same_samples_per_b
 
 
 @pytest.mark.distributed
-def test_mid_epoch_state_of_2_processes_is_refused_on_1_with_fewer_samples_per_batch(
+def test_mid_epoch_state_of_2_processes_resumes_on_1_with_fewer_samples_per_batch_after_the_same_samples(
     two_process_states: Path,
 ) -> None:
-    trainer, log, before = make_recording_trainer()
-    with pytest.raises(
-        ValueError, match="saved with 2 process\\(es\\) x per_device_batch_size 2 .* resumed with 1 x 2 x 2"
+    trainer = rw.make_trainer()
+    with pytest.warns(
+        UserWarning, match="saved with 2 process\\(es\\) x per_device_batch_size 2 .* resumed with 1 x 2 x 2. 32 samples"
     ):
         rw.train(trainer, resume_from=state(two_process_states, 4), per_device_batch_size=2)
-    assert_nothing_trained(trainer, log, before)
+    # 32 of 66 samples seen (8 batches of 2 x 2): the other 34 are 17 batches (9 updates), then
+    # 2 epochs of 33 batches (17 updates each).
+    assert trainer.progress.global_step == 4 + 9 + 2 * 17
+    assert trainer.run_history.get_metric_values("batches_seen") == [8 + 17, 8 + 17 + 33, 8 + 17 + 66]

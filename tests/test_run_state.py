@@ -315,12 +315,17 @@ def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path
 def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_first_history_epoch() -> None:
     trainer = train(make_trainer(), num_epochs=1)
     saved = trainer.run_state.state_dict()
-    assert set(saved) == {"loss_weight_unit", "shuffle_seed", "history_first_epoch", "epoch_trained"}
+    assert set(saved) == {
+        "loss_weight_unit", "shuffle_seed", "history_first_epoch", "epoch_trained", "train_samples", "samples_skipped"
+    }
     assert saved["epoch_trained"] is False  # the run ended: nothing of an epoch is done
     assert saved["history_first_epoch"] == 1
     assert saved["shuffle_seed"] == 42  # train()'s default seed
+    assert saved["train_samples"] == len(trainer.train_dataset)
+    assert saved["samples_skipped"] == 0  # only an epoch resumed on other settings skips samples
     assert RunState().state_dict() == {
-        "loss_weight_unit": None, "shuffle_seed": None, "history_first_epoch": 1, "epoch_trained": False
+        "loss_weight_unit": None, "shuffle_seed": None, "history_first_epoch": 1, "epoch_trained": False,
+        "train_samples": None, "samples_skipped": 0,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -133,7 +134,8 @@ def has_accelerator_device() -> bool:
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
-    """Fail fast on a launch whose processes did not form one group, or on accelerate-side accumulation."""
+    """Fail fast on a launch whose processes did not form one group, or on accelerate-side
+    accumulation; warn when the precision asked for cannot run here (fp16 on a CPU)."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise RuntimeError(
@@ -143,13 +145,46 @@ def check_accelerator(accelerator: Accelerator) -> None:
             f"{launched} script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch "
             f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
         )
-    if accelerator.gradient_accumulation_steps != 1:
+    # Under DeepSpeed this is its config's value; train() says what to do with it.
+    if accelerator.gradient_accumulation_steps != 1 and accelerator.distributed_type != DistributedType.DEEPSPEED:
         raise ValueError(
             f"The Accelerator was configured with gradient_accumulation_steps="
             f"{accelerator.gradient_accumulation_steps}; the Trainer handles accumulation "
             f"itself. Remove it from the accelerate config and pass "
             f"train(gradient_accumulation_steps=...) instead."
         )
+    warn_if_precision_cannot_run(accelerator)
+
+
+#: Where accelerate hands mixed precision to another engine (its own config decides).
+_ENGINES_WITH_OWN_PRECISION = frozenset(
+    getattr(DistributedType, name) for name in ("DEEPSPEED", "MEGATRON_LM") if hasattr(DistributedType, name)
+)
+
+
+def unavailable_precision_message(accelerator: Accelerator) -> str | None:
+    """What to say when ``accelerator`` was asked for a precision it will not run, else None.
+
+    accelerate 1.16 asked for fp16 on a CPU uses neither fp16 autocast nor a gradient scaler,
+    and says nothing: the run is in full precision (fp32).
+    """
+    requested = str(accelerator.mixed_precision)
+    if requested != "fp16" or accelerator.native_amp or accelerator.distributed_type in _ENGINES_WITH_OWN_PRECISION:
+        return None
+    return (
+        f"mixed_precision='fp16' was requested, but fp16 does not run on this {accelerator.device.type.upper()} "
+        f"device: accelerate uses neither fp16 autocast nor a gradient scaler here, so training runs in "
+        f"full precision (fp32). For mixed precision on a CPU, use bf16 (`accelerate launch "
+        f"--mixed_precision bf16`, or Accelerator(mixed_precision='bf16') in _create_accelerator); "
+        f"fp16 needs a GPU."
+    )
+
+
+def warn_if_precision_cannot_run(accelerator: Accelerator) -> None:
+    """Warn once (on the machine's first process) when the precision asked for cannot run."""
+    message = unavailable_precision_message(accelerator)
+    if message is not None and accelerator.is_local_main_process:
+        warnings.warn(message, UserWarning, stacklevel=4)  # the line that created the Trainer
 
 
 _cleanup_registered = False

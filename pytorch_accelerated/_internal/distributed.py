@@ -8,6 +8,7 @@ runs as many batches): a loader says how many of its batches come first with its
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, recursively_apply
 from torch import nn
+from tqdm.auto import tqdm
 
 
 def gather_ragged(accelerator: Accelerator, data: Any, padding: bool = False) -> Any:
@@ -98,8 +100,15 @@ class ProcessUtilities:
         return self._accelerator.is_main_process
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per node (on each node's main process)."""
-        self._accelerator.print(*args, **kwargs)
+        """``print`` once per node (on each node's main process), above any open progress bar.
+
+        Takes what the built-in ``print`` takes (``sep``, ``end``, ``file``, ``flush``). While a
+        tqdm bar is drawn on the same terminal, the bar is cleared first and redrawn below the
+        printed text, so the text starts on a line of its own.
+        """
+        if self._accelerator.is_local_main_process:
+            with tqdm.external_write_mode(file=kwargs.get("file")):
+                builtins.print(*args, **kwargs)
 
     def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
         """Concatenate ``tensor`` from every process along dim 0.

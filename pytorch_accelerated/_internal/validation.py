@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import DistributedType
 from accelerate.utils.deepspeed import DummyOptim
 from torch import nn
 
@@ -247,10 +248,11 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     raise StopTrainingError(message)
 
 
-def check_train_arguments(model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any) -> None:
+def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any) -> None:
     """Check every argument of ``train()`` before anything is set up: ``settings`` holds the
     counts and clipping values, ``set_up`` the keywords of the Trainer's set-up (the data sets,
-    loader arguments, ``create_scheduler_fn``, ``collate_fn``, ``seed``, ...)."""
+    loader arguments, ``create_scheduler_fn``, ``collate_fn``, ``seed``, ...); ``accelerator``
+    tells which clipping its set-up supports."""
     if optimizer is None:
         raise ValueError(
             "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
@@ -263,11 +265,56 @@ def check_train_arguments(model: Any, optimizer: Any, settings: dict[str, Any], 
     check_whole_number(settings["max_num_train_steps"], "max_num_train_steps", optional=True)
     check_positive_number(settings["gradient_clip_value"], "gradient_clip_value")
     check_positive_number(settings["max_grad_norm"], "max_grad_norm")
+    check_clipping_supported(accelerator, settings["gradient_clip_value"])
+    check_accumulation_supported(accelerator, settings["gradient_accumulation_steps"])
     train_dataset, eval_dataset = set_up["datasets"]
     check_dataset(train_dataset, "train_dataset")
     if eval_dataset is not None:
         check_dataset(eval_dataset, "eval_dataset")
     _check_set_up_arguments(**set_up)
+
+
+def check_clipping_supported(accelerator: Any, gradient_clip_value: Any) -> None:
+    """Refuse clipping by value where accelerate refuses it (DeepSpeed, FSDP version 1), before
+    anything is set up, instead of at the first update."""
+    if gradient_clip_value is None:
+        return
+    engine = accelerator.distributed_type
+    if engine == DistributedType.DEEPSPEED:
+        raise ValueError(
+            f"gradient_clip_value={gradient_clip_value!r} clips each gradient element, which accelerate "
+            f"does not support under DeepSpeed (its engine holds the gradients). Clip the total norm "
+            f"instead: remove gradient_clip_value and set the norm in the DeepSpeed config "
+            f"(gradient_clipping: 1.0, or DeepSpeedPlugin(gradient_clipping=1.0)), which DeepSpeed "
+            f"applies; train(max_grad_norm=...) then records the norm DeepSpeed measured."
+        )
+    if engine == DistributedType.FSDP and not accelerator.is_fsdp2:
+        raise ValueError(
+            f"gradient_clip_value={gradient_clip_value!r} clips each gradient element, which accelerate "
+            f"does not support under FSDP (version 1; the gradients are sharded). Clip the total norm "
+            f"instead: train(max_grad_norm=1.0, ...) in place of gradient_clip_value."
+        )
+
+
+def check_accumulation_supported(accelerator: Any, gradient_accumulation_steps: int) -> None:
+    """Refuse gradient accumulation under DeepSpeed, where it would be silently wrong.
+
+    accelerate tells DeepSpeed's engine at each ``backward`` whether the batch ends an
+    accumulation window from its own ``accumulate()`` state, which the Trainer does not drive:
+    the engine would update after every batch (and divide the loss by its own accumulation).
+    """
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    plugin = accelerator.deepspeed_plugin
+    configured = plugin.deepspeed_config.get("gradient_accumulation_steps") if plugin is not None else None
+    if gradient_accumulation_steps == 1 and configured in (None, "auto", 1):
+        return
+    raise ValueError(
+        f"Gradient accumulation is not supported under DeepSpeed (train(gradient_accumulation_steps="
+        f"{gradient_accumulation_steps}), DeepSpeed config gradient_accumulation_steps={configured!r}): "
+        f"DeepSpeed's engine would update after every batch. Set gradient_accumulation_steps to 1 in "
+        f"both, and raise per_device_batch_size (or the number of processes) for more samples per update."
+    )
 
 
 def check_dataset(dataset: Any, name: str) -> None:

@@ -18,7 +18,9 @@ from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
 from .events import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
 from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
+from .plotting import PlotRunCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
+from .trackers import CSVTracker, TrackingCallback, tracker_names
 from .training_state import SaveTrainingStateCallback
 from .wsd_checkpoints import WSDCheckpointCallback
 
@@ -68,6 +70,10 @@ __all__ = [
     "EarlyStoppingCallback",
     "ModelEmaCallback",
     "WSDCheckpointCallback",
+    "TrackingCallback",
+    "CSVTracker",
+    "tracker_names",
+    "PlotRunCallback",
     "CallbackMethodNotImplementedError",
     "LossTracker",
     "ModelEma",

@@ -19,6 +19,7 @@ TRAINER_EVENTS: tuple[str, ...] = (
     "on_training_run_start",
     "on_train_epoch_start",
     "on_train_step_start",
+    "on_step_metrics",
     "on_train_step_end",
     "on_train_epoch_end",
     "on_eval_epoch_start",
@@ -88,6 +89,12 @@ class TrainerCallback:
 
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Before the forward pass of each training batch."""
+
+    def on_step_metrics(self, trainer: Trainer, step: int = 0, metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """After an optimizer update where a step-metrics point is due (only in runs where a
+        callback asked for them, see :mod:`pytorch_accelerated.step_metrics`), before
+        ``on_train_step_end``. ``step`` is the number of completed updates; ``metrics`` maps
+        names to floats, already recorded in ``trainer.run_history`` as step-indexed series."""
 
     def on_train_step_end(
         self,

@@ -60,6 +60,12 @@ class SaveTrainingStateCallback(TrainerCallback):
             and in evaluation batches) they agree whether a signal arrived (a collective call);
             also at every epoch end and at the end of the run. With one process, every time
             (free).
+        asynchronous: write the step and epoch states in the background
+            (``trainer.save_training_state(..., asynchronous=True)``): the loop waits only
+            while the state is copied to host memory; each state is published once it is on
+            disk. The next save and the end of the run wait for it (and raise its error). The
+            ``final`` state and a state saved on a signal are written synchronously. See
+            docs/checkpoints.md, "Asynchronous training states".
     """
 
     def __init__(
@@ -72,6 +78,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         *,
         handle_signals: Iterable[int] = (signal.SIGTERM,),
         check_signals_every_n_steps: int = 10,
+        asynchronous: bool = False,
     ) -> None:
         owner = "SaveTrainingStateCallback"
         for name, value in (
@@ -81,6 +88,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         ):
             check_whole_number(value, name, optional=True, owner=owner)
         check_whole_number(check_signals_every_n_steps, "check_signals_every_n_steps", owner=owner)
+        if not isinstance(asynchronous, bool):
+            raise TypeError(f"{owner}: asynchronous must be True or False, got {asynchronous!r}.")
+        self.asynchronous = asynchronous
         self.save_dir = Path(save_dir)
         self.save_every_n_epochs = save_every_n_epochs
         self.save_every_n_steps = save_every_n_steps
@@ -125,6 +135,9 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         try:
+            if self.asynchronous:  # publish the last state written in the background, then rotate
+                trainer.wait_for_training_state()
+                self._rotate(trainer, None)
             if self.save_at_end and not self._stopped_by_signal:
                 self._save_here(trainer, "final", at_end=True)
             self._honour_signal_after_last_step(trainer)
@@ -194,7 +207,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return
         global_step = trainer.progress.global_step
         if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
-            self._save_here(trainer, f"step_{global_step}")
+            self._save_here(trainer, f"step_{global_step}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer, global_step)
         if signum is not None:
             self._stop(trainer, signum)
@@ -222,14 +235,14 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
         if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
-            self._save_here(trainer, f"epoch_{epoch}")
+            self._save_here(trainer, f"epoch_{epoch}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer)
         if signum is not None:
             self._stop(trainer, signum, f"epoch_{epoch}")
 
     # ------------------------------------------------------------------ saving
 
-    def _save_here(self, trainer: Trainer, name: str | None = None, at_end: bool = False) -> Path | None:
+    def _save_here(self, trainer: Trainer, name: str | None = None, at_end: bool = False, asynchronous: bool = False) -> Path | None:
         """Save a state named ``name`` (default ``step_{N}``) at the current position, unless
         one was saved there already (under this name, or under any name when ``name`` is None);
         return its directory, or None when none was written (a non-finite state at the end)."""
@@ -241,7 +254,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if self._watchdog is not None:  # a save's barriers may take long: not a hang
             self._watchdog.pause()
         try:
-            written = self._save(trainer, directory, at_end=at_end)
+            written = self._save(trainer, directory, at_end=at_end, asynchronous=asynchronous)
         finally:
             if self._watchdog is not None:
                 self._watchdog.resume()
@@ -250,25 +263,31 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._saved_at, self._saved_dir = position, directory
         return directory
 
-    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False) -> bool:
+    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False, asynchronous: bool = False) -> bool:
         """Save a state, then delete the oldest beyond ``max_checkpoints``; return whether it
-        was written.
+        was written (or, ``asynchronous``, is being written).
 
         A state with NaN or infinity is not written (:class:`NonFiniteStateError`, which stops a
         run); at the end of the run, when it is stopping anyway, that is only printed, so the
-        other end hooks still run.
+        other end hooks still run. Rotation counts published states only, so a state still
+        being written in the background is neither counted nor deleted.
         """
+        # Passed only when asked for, so that an override of the 0.1.61 signature still works.
+        options = {"asynchronous": True} if asynchronous else {}
         try:
-            trainer.save_training_state(directory, checkpoint_kwargs={"global_step": trainer.progress.global_step})
+            trainer.save_training_state(directory, checkpoint_kwargs={"global_step": trainer.progress.global_step}, **options)
         except NonFiniteStateError as error:
             if not at_end:
                 raise
             trainer.print(str(error))
             return False
         self._last_saved_step = trainer.progress.global_step
-        if self.max_checkpoints is not None and trainer.is_world_process_zero:
-            _delete_old_states(self.save_dir, self.max_checkpoints, just_saved=directory)
+        self._rotate(trainer, directory)
         return True
+
+    def _rotate(self, trainer: Trainer, just_saved: Path | None) -> None:
+        if self.max_checkpoints is not None and trainer.is_world_process_zero:
+            _delete_old_states(self.save_dir, self.max_checkpoints, just_saved=just_saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_saved_step": self._last_saved_step}
@@ -277,7 +296,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._last_saved_step = state["last_saved_step"]
 
 
-def _delete_old_states(save_dir: Path, keep: int, just_saved: Path) -> None:
+def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> None:
     """Delete the oldest complete training states of ``save_dir`` until ``keep`` are left,
     never ``just_saved`` nor the newest finite state.
 

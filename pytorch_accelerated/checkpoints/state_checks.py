@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from . import files, finite, state_dirs
+from . import files, finite, reshard, state_dirs
 
 TRAINER_STATE_KEYS = ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed")
 PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
@@ -47,11 +47,15 @@ class LoadedState:
     process_state: dict[str, Any]  # this process's RNG states and share of the epoch's loss
 
 
-def read_training_state(directory: Path, model: nn.Module, targets: Mapping[str, Any], rank: int) -> LoadedState:
+def read_training_state(
+    directory: Path, model: nn.Module, targets: Mapping[str, Any], rank: int, num_processes: int | None = None
+) -> LoadedState:
     """Read and check every file of the training state ``directory`` that this process needs.
 
     ``targets`` maps the file names of stateful objects (``optimizer.pt``, ...) to the objects
-    they would be loaded into (None: skipped). Nothing is changed.
+    they would be loaded into (None: skipped). A state saved by another number of processes
+    than ``num_processes`` (None: not checked) has every process's file read, and mapped onto
+    this one. Nothing is changed.
 
     Raises:
         FileNotFoundError, IsADirectoryError, files.CheckpointFileError, pickle.UnpicklingError:
@@ -76,12 +80,25 @@ def read_training_state(directory: Path, model: nn.Module, targets: Mapping[str,
     require_keys(trainer_state, TRAINER_STATE_KEYS, directory / "trainer_state.pt")
     require_keys(trainer_state["progress"], PROGRESS_KEYS, directory / "trainer_state.pt", "progress")
     require_keys(trainer_state["run_history"], ("current_epoch",), directory / "trainer_state.pt", "run_history")
-    rank_file = f"rng_state_{rank}.pt"
-    rank_file = rank_file if rank_file in listed else "rng_state_0.pt"  # saved with fewer processes
-    process_state = _read(directory, rank_file)
-    require_keys(process_state, PROCESS_STATE_KEYS, directory / rank_file)
-    require_keys(process_state["rng"], RNG_KEYS, directory / rank_file, "rng")
+    process_state = _read_process_state(directory, manifest, rank, num_processes)
     return LoadedState(directory, manifest, model_state, objects, trainer_state, process_state)
+
+
+def _read_process_state(directory: Path, manifest: dict[str, Any], rank: int, num_processes: int | None) -> dict[str, Any]:
+    """Process ``rank``'s own state: its ``rng_state_<rank>.pt`` or, saved by another number of
+    processes, the saved ones mapped onto ``num_processes`` (see :func:`.reshard.remap_process_states`)."""
+    saved_processes = manifest.get("num_processes")
+    if num_processes is None or saved_processes in (None, num_processes):
+        return _read_rank_file(directory, f"rng_state_{rank}.pt")
+    saved = [_read_rank_file(directory, f"rng_state_{index}.pt") for index in range(int(saved_processes))]
+    return reshard.remap_process_states(saved, rank, num_processes)
+
+
+def _read_rank_file(directory: Path, name: str) -> dict[str, Any]:
+    process_state = _read(directory, name)
+    require_keys(process_state, PROCESS_STATE_KEYS, directory / name)
+    require_keys(process_state["rng"], RNG_KEYS, directory / name, "rng")
+    return dict(process_state)
 
 
 def _read(directory: Path, name: str) -> Any:

@@ -9,18 +9,23 @@ and :mod:`.state_dirs`, which know nothing of the Trainer.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from accelerate.utils import set_seed
 from torch import nn
 
-from ..data import batches_per_epoch
-from . import files, finite, original_states, state_checks, state_dirs
+from .._internal.accelerate_support import collective_timeout_s
+from .._internal.hangs import signal_grace_s
+from ..data import batches_per_epoch, is_map_style
+from . import files, finite, original_states, reshard, state_checks, state_dirs
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -143,15 +148,21 @@ def _agree_on_save(trainer: Trainer, error: Exception | None, what: str, target:
 # ---------------------------------------------------------------------------- training states
 
 
-def save_training_state(trainer: Trainer, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None) -> None:
+def save_training_state(
+    trainer: Trainer, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None, asynchronous: bool = False
+) -> None:
+    """Save a training state (see :meth:`CheckpointMethods.save_training_state`); first wait
+    for a state still being written in the background, raising its error if it failed."""
+    wait_for_training_state(trainer)
     finite.check_finite_before_save(trainer, None, f"the training state {str(output_dir)!r}")
     output_dir = Path(output_dir)
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     position = _position_to_save(trainer)
     # Collective for sharded models; the plain model's keys, also for a torch.compile'd model.
     model_state = state_checks.without_compile_prefix(trainer.accelerator.get_state_dict(trainer.model))
+    write = _start_background_save if asynchronous else _write_training_state
     try:
-        _write_training_state(trainer, output_dir, position, model_state, extra)
+        write(trainer, output_dir, position, model_state, extra)
     except KeyboardInterrupt:
         state_dirs.remove_temporary(output_dir)
         raise
@@ -162,35 +173,140 @@ def _write_training_state(
 ) -> None:
     """Write the state into its hidden directory, then publish it. The processes agree after
     each step, so a step that fails on one process raises on all, with nothing left behind."""
-    accelerator = trainer.accelerator
-    main = accelerator.is_main_process
+    main = writes_shared_files(trainer.accelerator)
     what = "the training state"
     temporary = state_dirs.temporary_dir_for(output_dir)
     _agree_on_save(trainer, _attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
-    # Each process writes what is its own: its RNGs and its share of the epoch's loss so far.
-    own = {"rng": state_dirs.capture_rng_states(), **trainer.run_state.process_state_dict(position["batch_index"] > 0)}
-    error = _attempt(state_dirs.write_file, own, temporary / f"rng_state_{accelerator.process_index}.pt")
-    written: list[str] = []
-    if main and error is None:
-        trainer_state = _trainer_state(trainer, position, extra)
-        error = _attempt(lambda: written.extend(_write_shared_files(trainer, temporary, model_state, trainer_state)))
+    contents: dict[str, Any] = {}
+    error = _attempt(lambda: contents.update(_state_files(trainer, position, model_state, extra)))
+    error = error or _attempt(state_dirs.write_files, temporary, contents)
+    error = _explain_unshared_directory(trainer.accelerator, error, temporary)
     _agree_on_save(trainer, error, what, output_dir)
     if main:
-        rank_files = [f"rng_state_{rank}.pt" for rank in range(accelerator.num_processes)]
-        manifest = _manifest(trainer, position, sorted(written + rank_files))
+        # Saved on each node, a node's directory holds its own processes' files only.
+        names = _files_in(temporary) if saves_on_each_node(trainer.accelerator) else _file_names(trainer, contents)
+        manifest = _manifest(trainer, position, names)
         error = _attempt(state_dirs.write_manifest, temporary, manifest) or _attempt(state_dirs.publish, temporary, output_dir)
     _agree_on_save(trainer, error, what, output_dir)
 
 
-def _write_shared_files(trainer: Trainer, directory: Path, model_state: dict[str, Any], trainer_state: dict[str, Any]) -> list[str]:
-    written = ["model.pt", "trainer_state.pt"]
-    state_dirs.write_file(model_state, directory / "model.pt")
-    for name, obj in _stateful_objects(trainer):
-        if obj is not None:
-            state_dirs.write_file(obj.state_dict(), directory / name)
-            written.append(name)
-    state_dirs.write_file(trainer_state, directory / "trainer_state.pt")
-    return written
+def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """What this process writes into a training state, by file name: each process its RNGs and
+    its share of the epoch's loss so far; the main process also the model, the stateful
+    objects and the trainer's state (position, history, callback states)."""
+    accelerator = trainer.accelerator
+    own = {"rng": state_dirs.capture_rng_states(), **trainer.run_state.process_state_dict(position["batch_index"] > 0)}
+    contents: dict[str, Any] = {f"rng_state_{accelerator.process_index}.pt": own}
+    if writes_shared_files(accelerator):
+        contents["model.pt"] = model_state
+        contents.update((name, obj.state_dict()) for name, obj in _stateful_objects(trainer) if obj is not None)
+        contents["trainer_state.pt"] = _trainer_state(trainer, position, extra)
+    return contents
+
+
+def _file_names(trainer: Trainer, contents: dict[str, Any]) -> list[str]:
+    """The files of the whole state: the main process's, and every process's RNG file."""
+    rank_files = {f"rng_state_{rank}.pt" for rank in range(trainer.accelerator.num_processes)}
+    return sorted(set(contents) | rank_files)
+
+
+
+def saves_on_each_node(accelerator: Any) -> bool:
+    """Whether training states are written on every node (accelerate's
+    ``ProjectConfiguration.save_on_each_node``), for nodes that share no file system: each
+    node's main process then writes the whole state, with its node's per-process files."""
+    return bool(accelerator.project_configuration.save_on_each_node)
+
+
+def writes_shared_files(accelerator: Any) -> bool:
+    """Whether this process writes a state's shared files (model, optimizer, ...) and publishes it."""
+    return bool(accelerator.is_local_main_process if saves_on_each_node(accelerator) else accelerator.is_main_process)
+
+
+def _files_in(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir() if path.is_file() and not path.name.startswith("."))
+
+
+def _explain_unshared_directory(accelerator: Any, error: Exception | None, temporary: Path) -> Exception | None:
+    """``error``, or, when this process cannot see the directory the main process created (the
+    nodes share no file system), an error that says so and how to save on each node."""
+    if error is None or temporary.is_dir() or saves_on_each_node(accelerator):
+        return error
+    return files.CheckpointWriteError(
+        getattr(error, "errno", None),
+        f"process {accelerator.process_index} cannot see the directory {temporary} that the main process "
+        f"created: this node does not share the main process's file system. Save on each node: set "
+        f"accelerator.project_configuration.save_on_each_node = True in the Trainer's _create_accelerator "
+        f"(see 'Several machines' in docs/launching.md)",
+        temporary,
+    )
+
+# ---------------------------------------------------------------------------- asynchronous saves
+
+_PENDING: weakref.WeakKeyDictionary[Any, tuple[state_dirs.BackgroundStateWrite, int]] = weakref.WeakKeyDictionary()
+_HOST_BUFFERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str, int], Any]] = weakref.WeakKeyDictionary()
+
+
+def _start_background_save(
+    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    """Copy the state to host memory (the loop may change the originals from now on) and write
+    it in a background thread; :func:`wait_for_training_state` waits for it."""
+    accelerator = trainer.accelerator
+    if saves_on_each_node(accelerator) and accelerator.num_processes > 1:
+        raise ValueError(
+            f"Cannot save {output_dir} asynchronously with accelerate's save_on_each_node: the process that "
+            f"publishes a state in the background waits for the others' files in its folder, which needs a "
+            f"shared file system. Save it synchronously (asynchronous=False), or turn save_on_each_node off "
+            f"on a shared file system."
+        )
+    main = accelerator.is_main_process
+    what = "the training state"
+    _agree_on_save(trainer, _attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
+    contents: dict[str, Any] = {}
+    buffers = _HOST_BUFFERS.setdefault(trainer, {})  # the previous copy's memory, free again (it was waited for)
+    error = _attempt(lambda: contents.update(state_dirs.to_host(_state_files(trainer, position, model_state, extra), buffers)))
+    _agree_on_save(trainer, error, what, output_dir)
+    manifest = _manifest(trainer, position, _file_names(trainer, contents)) if main else None
+    job = state_dirs.BackgroundStateWrite(
+        output_dir, contents, accelerator.process_index, accelerator.num_processes, manifest, collective_timeout_s()
+    )
+    _PENDING[trainer] = (job, position["global_step"])
+
+
+def wait_for_training_state(trainer: Trainer) -> None:
+    """Wait for the training state being written in the background, if any (every process
+    must call this when one is); once it has failed on any process, raise on every process a
+    ``CheckpointWriteError`` naming the state and what went wrong, its hidden directory removed."""
+    pending = _PENDING.pop(trainer, None)
+    if pending is None:
+        return
+    job, step = pending
+    error = job.wait()
+    try:
+        _agree_on_save(trainer, cast(Exception | None, error), "the training state", job.output_dir)
+    except files.CheckpointWriteError as failure:
+        raise files.CheckpointWriteError(
+            failure.errno, f"{failure.message} (It was being written in the background, after update step {step}; "
+            f"its error is raised at the next save, load or end of the run.)", job.output_dir
+        ) from failure
+
+
+@contextlib.contextmanager
+def finishing_background_saves(trainer: Trainer) -> Iterator[None]:
+    """Around a run: at its end, wait for a state still being written in the background. When
+    the run fails, wait without agreeing with the other processes (one may be gone), at most
+    the signal grace for their files; a failure of the save is then printed, not raised."""
+    try:
+        yield
+    except BaseException:
+        pending = _PENDING.pop(trainer, None)
+        if pending is not None:
+            error = pending[0].wait(grace_s=signal_grace_s())
+            if error is not None:
+                trainer.print(f"The training state {pending[0].output_dir}, written in the background, could not be saved: {error}")
+        raise
+    wait_for_training_state(trainer)
 
 
 def _stateful_objects(trainer: Trainer) -> tuple[tuple[str, Any], ...]:
@@ -271,8 +387,10 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     **checkpoint_kwargs}``, E the epoch (counted from 1) the state was saved in.
 
     With ``resuming`` (``train(resume_from=...)``), the run's settings are checked against the
-    saved ones first, and callback and RNG states wait in ``trainer.run_state.pending_resume``
-    until the run's start events have fired (see :func:`apply_pending_resume`).
+    saved ones first (a state saved mid-epoch on other settings continues at the same sample of
+    the epoch's order, see :mod:`.reshard`), and callback and RNG states wait in
+    ``trainer.run_state.pending_resume`` until the run's start events have fired (see
+    :func:`apply_pending_resume`).
 
     All or nothing: every file is read and checked (:mod:`.state_checks`) before anything is
     changed. From a folder, a state that fails the checks (or holds non-finite weights) is
@@ -282,12 +400,13 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     loaded = choose_state(trainer, input_dir)
     if isinstance(loaded, original_states.OriginalState):
         return _load_original_state(trainer, loaded, resuming)
-    if resuming:
-        _check_run_settings(trainer, loaded.manifest, loaded.directory)
+    mapped = _check_run_settings(trainer, loaded) if resuming else None
     trainer.get_model().load_state_dict(loaded.model)
     _load_stateful_objects(trainer, loaded, resuming)
     state = loaded.trainer_state
     _restore_position(trainer, state)
+    if resuming:
+        _adopt_run_settings(trainer, loaded.manifest, mapped)
     trainer.run_state.load_process_state_dict(loaded.process_state, trainer.device)
     trainer.run_state.pending_resume = {"callbacks": state["callbacks"], "rng": loaded.process_state["rng"]}
     if not resuming:
@@ -320,7 +439,7 @@ def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks
     for directory in candidates:
         loaded: state_checks.LoadedState | None = None
         try:
-            loaded = state_checks.read_training_state(directory, model, targets, rank)
+            loaded = state_checks.read_training_state(directory, model, targets, rank, trainer.accelerator.num_processes)
         except Exception as error:  # any failure to read a state is a reason to try the next one
             problems.append((directory, error))
         failed = failed_ranks(trainer, loaded is None)
@@ -426,41 +545,101 @@ def apply_pending_resume(trainer: Trainer) -> None:
         trainer.callback_handler.load_state_dict(pending["callbacks"])
     if pending["rng"] is not None:
         state_dirs.restore_rng_states(pending["rng"])
+        if reshard.RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+            set_seed(seed + int(pending["rng"][reshard.RESEED_KEY]))
 
 
-def _check_run_settings(trainer: Trainer, manifest: dict[str, Any], directory: Path) -> None:
+def _check_run_settings(trainer: Trainer, loaded: state_checks.LoadedState) -> reshard.MappedPosition | None:
+    """Check the run's settings against the saved ones, before anything is loaded; return where
+    a state saved mid-epoch on other settings continues (None: at its saved position).
+
+    Raises:
+        ValueError: naming the setting and the fix, where the saved position does not map.
+    """
     config = trainer.run_config
     assert config is not None
-    saved = (manifest["num_processes"], manifest["per_device_batch_size"], manifest["gradient_accumulation_steps"])
-    now = (config.num_processes, config.train_per_device_batch_size, config.gradient_accumulation_steps)
+    manifest, directory = loaded.manifest, loaded.directory
+    saved = reshard.BatchSettings.from_manifest(manifest)
+    now = reshard.BatchSettings(config.num_processes, config.train_per_device_batch_size, config.gradient_accumulation_steps)
     mid_epoch = manifest["batch_index"] > 0
-    if saved == now:
-        num_batches = batches_per_epoch(trainer.train_dataloader)
-        if mid_epoch and manifest["num_batches_per_epoch"] != num_batches:
-            raise ValueError(
-                f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
-                f"but this run has {num_batches}: the training set differs, so the saved "
-                f"position means nothing here. Resume with the same data set."
-            )
-        return
+    # An epoch resumed on other settings starts its order after some samples: it maps too.
+    skipped = int(loaded.trainer_state.get("samples_skipped") or 0) if mid_epoch else 0
+    if saved == now and not skipped:
+        _check_same_batches(trainer, manifest, directory)
+        return None
     change = (
-        f"saved with {saved[0]} process(es) x per_device_batch_size {saved[1]} x gradient_accumulation_steps "
-        f"{saved[2]}, resumed with {now[0]} x {now[1]} x {now[2]}"
+        f"saved with {saved.describe()}, resumed with {now.num_processes} x {now.per_device_batch_size} x "
+        f"{now.gradient_accumulation_steps}"
     )
-    same_samples_per_step = saved[0] * saved[1] == now[0] * now[1] and saved[2] == now[2]
-    if mid_epoch and not same_samples_per_step:
-        raise ValueError(
-            f"Cannot resume {directory} mid-epoch: it was {change}, so the saved position (batch "
-            f"{manifest['batch_index']} of epoch {manifest['epoch'] + 1}) does not map onto this run. Resume with "
-            f"the same settings, or keep processes x per_device_batch_size and the accumulation the same."
+    if not mid_epoch:
+        warnings.warn(
+            f"Resuming {directory}: it was {change}. It was saved at an epoch boundary, so the run continues "
+            f"with the next epoch; step counts and schedules now follow the new settings.",
+            stacklevel=3,
         )
+        return None
+    mapped = _map_saved_position(trainer, loaded, saved, now, change)
     warnings.warn(
-        f"Resuming {directory}: it was {change}. "
-        + ("Each update still sees the same samples, so the data position carries over; results will not be "
-           "bitwise identical." if mid_epoch else "It was saved at an epoch boundary, so the run continues with "
-           "the next epoch; step counts and schedules now follow the new settings."),
+        f"Resuming {directory} mid-epoch: it was {change}. {mapped.consumed} samples of epoch "
+        f"{manifest['epoch'] + 1}'s order were seen; the rest of the epoch visits each of the others once, in "
+        f"batches of the new settings (docs: 'Resuming on another number of processes'). Step counters and "
+        f"the scheduler carry on; results are close to, not bitwise equal to, an uninterrupted run's.",
         stacklevel=3,
     )
+    return mapped
+
+
+def _check_same_batches(trainer: Trainer, manifest: dict[str, Any], directory: Path) -> None:
+    num_batches = batches_per_epoch(trainer.train_dataloader)
+    if manifest["batch_index"] > 0 and manifest["num_batches_per_epoch"] != num_batches:
+        raise ValueError(
+            f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
+            f"but this run has {num_batches}: the training set differs, so the saved "
+            f"position means nothing here. Resume with the same data set."
+        )
+
+
+def _map_saved_position(
+    trainer: Trainer, loaded: state_checks.LoadedState, saved: reshard.BatchSettings, now: reshard.BatchSettings, change: str
+) -> reshard.MappedPosition:
+    """The position on this run's settings of a state saved mid-epoch on ``saved`` (same
+    samples of the epoch's global order seen), or a ValueError saying why there is none.
+
+    Without the Trainer's shuffle sampler, only a change that keeps the samples per batch index
+    (processes x per-device batch) and the accumulation maps: to the same batch."""
+    config, sampler, accelerator = trainer.run_config, trainer.run_state.train_sampler, trainer.accelerator
+    assert config is not None
+    reason = None
+    if sampler is None:
+        reason = reshard.unmappable_loader_reason(config.train_dl_kwargs, trainer.train_dataset, is_map_style(trainer.train_dataset))
+    elif accelerator.split_batches or accelerator.dispatch_batches:
+        reason = "accelerate's split_batches or dispatch_batches is set, so processes do not take whole batches in turn"
+    manifest, state = loaded.manifest, loaded.trainer_state
+    if reason is not None or sampler is None:
+        same_batches = (saved.global_batch, saved.gradient_accumulation_steps) == (now.global_batch, now.gradient_accumulation_steps)
+        if same_batches and not state.get("samples_skipped"):
+            return reshard.MappedPosition(manifest["batch_index"] * saved.global_batch, manifest["batch_index"], 0)
+        raise ValueError(reshard.unmappable_message(loaded.directory, change, str(reason), saved))
+    num_samples = sampler.num_samples
+    reshard.check_same_training_set(state, manifest, num_samples, saved, loaded.directory)
+    # The epoch's training was done (saved at its last batch, or during its evaluation).
+    done = manifest["batch_index"] >= (manifest.get("num_batches_per_epoch") or math.inf) or bool(state.get("epoch_trained"))
+    skipped = int(state.get("samples_skipped") or 0)
+    consumed = num_samples if done else reshard.samples_consumed(manifest["batch_index"], skipped, saved, num_samples)
+    return reshard.map_position(consumed, now, num_samples, batches_per_epoch(trainer.train_dataloader))
+
+
+def _adopt_run_settings(trainer: Trainer, manifest: dict[str, Any], mapped: reshard.MappedPosition | None) -> None:
+    """After a resume's position is restored: continue at ``mapped`` (see :mod:`.reshard`),
+    and let the loss weighting find its unit again when the per-device batch size changed."""
+    window, sampler, config = trainer.run_state.window, trainer.run_state.train_sampler, trainer.run_config
+    if window is not None and config is not None and manifest.get("per_device_batch_size") != config.train_per_device_batch_size:
+        window.unit = None
+    if mapped is not None:
+        trainer.progress.batch_index = mapped.batch_index
+        if sampler is not None:
+            sampler.skip_in_epoch(trainer.progress.epoch, mapped.skip)
 
 
 class CheckpointMethods:
@@ -517,7 +696,9 @@ class CheckpointMethods:
         """
         return load_checkpoint(self._trainer(), checkpoint_path, load_optimizer, load_scheduler, model)
 
-    def save_training_state(self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+    def save_training_state(
+        self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None, *, asynchronous: bool = False
+    ) -> None:
         """Save everything that decides the rest of the run into the directory ``output_dir``.
 
         Model, optimizer, scheduler, gradient scaler, every process's RNG states, the run
@@ -527,6 +708,12 @@ class CheckpointMethods:
         accumulation window). Continue a run with ``train(..., resume_from=output_dir)``.
         A save that fails (disk full, a parent that is a file) removes what it wrote and raises
         ``CheckpointWriteError`` on every process, naming the directory and the OS error.
+
+        ``asynchronous=True`` copies the state to host memory and returns; a background thread
+        writes it, and publishes it only once every process's files are on disk. The next
+        save, :meth:`load_training_state`, :meth:`wait_for_training_state` and the end of the
+        run wait for it, and raise its ``CheckpointWriteError`` on every process if it failed.
+        See docs/checkpoints.md, "Asynchronous training states".
 
         >>> import tempfile, torch
         >>> from pytorch_accelerated import Trainer
@@ -545,7 +732,17 @@ class CheckpointMethods:
         >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
         12
         """
-        save_training_state(self._trainer(), output_dir, checkpoint_kwargs)
+        save_training_state(self._trainer(), output_dir, checkpoint_kwargs, asynchronous)
+
+    def wait_for_training_state(self) -> None:
+        """Wait until a state saved with ``asynchronous=True`` is written and published (at
+        once when none is being written). Every process must call this.
+
+        Raises:
+            CheckpointWriteError: on every process, when the background write failed on any,
+                naming the state and the error; the previous states are intact.
+        """
+        wait_for_training_state(self._trainer())
 
     def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
         """Restore a state saved by :meth:`save_training_state`; return ``{"current_epoch": E,
@@ -560,4 +757,5 @@ class CheckpointMethods:
         runs there too (inside ``train`` the state is restored as a resume, at its exact
         position; see :func:`resume_training`).
         """
+        wait_for_training_state(self._trainer())  # a state still being written in the background
         return load_training_state(self._trainer(), input_dir, resuming=self in _RESUMING)

@@ -1,0 +1,295 @@
+"""Pictures of a run: :class:`PlotRunCallback` writes one PNG of the run's curves.
+
+matplotlib is an extra (``pip install 'pytorch-accelerated[plots]'``), imported only when the
+callback is created. The figure is drawn with ``matplotlib.figure.Figure`` on an Agg canvas, so
+the user's pyplot backend and open figures are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._internal.validation import check_flag, check_whole_number
+from .events import TrainerCallback
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ..trainer import Trainer
+
+__all__ = ["PlotRunCallback"]
+
+#: The metrics drawn in the loss panel, as (name, kind of series, label): the step series first.
+LOSS_CURVES = (
+    ("train_loss", "step", "train_loss"),
+    ("train_loss_epoch", "epoch", "train_loss_epoch"),
+    ("eval_loss_epoch", "epoch", "eval_loss_epoch"),
+)
+LOSS_TITLE = "loss"
+LR_TITLE = "learning rate"
+
+Points = list[tuple[int, float]]
+
+
+def _is_lr(name: str) -> bool:
+    return name == "lr" or name.startswith("lr_group_")
+
+
+def _as_float(value: Any) -> float | None:
+    """``value`` as a float, or None when it is not one number (such values are not drawn)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach().reshape(()))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _check_path(path: str | os.PathLike) -> Path:
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise ValueError(
+            f"PlotRunCallback(path={str(path)!r}): the plot is a PNG file; give a path ending in '.png'."
+        )
+    for parent in target.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(
+                f"PlotRunCallback(path={str(path)!r}): {str(parent)!r} is a file, so the plot cannot be "
+                f"written under it; choose a path in a folder."
+            )
+    return target
+
+
+class PlotRunCallback(TrainerCallback):
+    """Write one PNG of the run at its end (also after a stop) and, with ``every_epoch=True``,
+    after every epoch, replacing the same file each time (written atomically).
+
+    Panels, all against the optimizer update step (the number of completed updates):
+
+    - ``loss``: the step series ``train_loss`` when step metrics are recorded (e.g. by
+      :class:`~pytorch_accelerated.callbacks.TrackingCallback`), and ``train_loss_epoch`` /
+      ``eval_loss_epoch`` at the update step where each epoch ended;
+    - ``learning rate``: the step series ``lr`` or ``lr_group_i``, when recorded;
+    - every other recorded metric, epoch-level or step series, in its own panel named after it.
+
+    An epoch-level value is drawn at the update step where the epoch it was recorded in ended,
+    whatever the order of the callbacks (one recorded after the last epoch ended, e.g. in a
+    stopped epoch, at the step where the run ended). Those steps are part of the callback's
+    state, so a run resumed with ``train(resume_from=...)`` draws the same picture as an
+    uninterrupted one. Values that are not single numbers are not drawn. Only the main process
+    draws and writes; matplotlib's pyplot (and its backend) is not used.
+
+    Args:
+        path: the PNG file to write (its folder is created).
+        every_epoch: also write the picture after each epoch.
+        dpi: resolution of the PNG.
+        columns: panels per row.
+
+    Attributes:
+        panel_titles: the titles of the panels last drawn, in order (also in the PNG's
+            ``Panels`` text field, as a JSON list).
+
+    Raises:
+        ImportError: if matplotlib is not installed.
+        ValueError: if ``path`` does not end in ``.png`` or lies under a file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike = "run.png",
+        every_epoch: bool = False,
+        *,
+        dpi: int = 100,
+        columns: int = 3,
+    ) -> None:
+        try:
+            import matplotlib  # noqa: F401 (checked here; the drawing imports it in _draw)
+        except ImportError as error:
+            raise ImportError(
+                "PlotRunCallback needs matplotlib, which is not installed: "
+                "pip install 'pytorch-accelerated[plots]'  (or pip install matplotlib)."
+            ) from error
+        check_flag(every_epoch, "PlotRunCallback: every_epoch")
+        self.path = _check_path(path)
+        self.every_epoch = every_epoch
+        self.dpi = check_whole_number(dpi, "dpi", owner="PlotRunCallback")
+        self.columns = check_whole_number(columns, "columns", owner="PlotRunCallback")
+        self.panel_titles: list[str] = []
+        # Values recorded before this run started (reset_run_history=False) are not drawn.
+        self._first: dict[str, dict[str, int]] = {"epoch": {}, "step": {}}
+        # For each ended epoch: its last update step and how many values each metric had at its
+        # end. The step is known when the epoch's training ends (before any state is saved at the
+        # epoch's end); the counts are completed when the next epoch starts (_counts_pending).
+        self._epoch_ends: list[tuple[int, dict[str, int]]] = []
+        self._counts_pending = False
+
+    # ------------------------------------------------------------------ when to draw
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        history = trainer.run_history
+        self._first = {
+            "epoch": {name: len(history.get_metric_values(name)) for name in history.get_metric_names()},
+            "step": {
+                name: len(history.get_step_metric_values(name)) for name in history.get_step_metric_names()
+            },
+        }
+        self._epoch_ends, self._counts_pending = [], False
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._epoch_ends.append((trainer.progress.global_step, _metric_counts(trainer)))
+        self._counts_pending = True
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._complete_counts(trainer)
+
+    def _complete_counts(self, trainer: Trainer) -> None:
+        """Count the values recorded since the last epoch's training ended (its evaluation, and
+        every callback at its end, whatever their order) as that epoch's."""
+        if self._counts_pending and self._epoch_ends:
+            step, _ = self._epoch_ends[-1]
+            self._epoch_ends[-1] = (step, _metric_counts(trainer))
+        self._counts_pending = False
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        if self.every_epoch:
+            self.write(trainer)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.write(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "first": {kind: dict(counts) for kind, counts in self._first.items()},
+            "epoch_ends": [[step, dict(counts)] for step, counts in self._epoch_ends],
+            "counts_pending": self._counts_pending,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._first = {kind: dict(counts) for kind, counts in state["first"].items()}
+        self._epoch_ends = [(int(step), dict(counts)) for step, counts in state["epoch_ends"]]
+        self._counts_pending = bool(state["counts_pending"])
+
+    # ------------------------------------------------------------------ what to draw
+
+    def panels(self, trainer: Trainer) -> dict[str, dict[str, Points]]:
+        """The curves of each panel, by panel title: ``{title: {label: [(step, value), ...]}}``."""
+        series = {
+            "epoch": {
+                name: self._epoch_points(trainer, name) for name in trainer.run_history.get_metric_names()
+            },
+            "step": {
+                name: self._step_points(trainer, name) for name in trainer.run_history.get_step_metric_names()
+            },
+        }
+        loss = {label: series[kind].pop(name, []) for name, kind, label in LOSS_CURVES}
+        panels = {LOSS_TITLE: _drawn(loss)}
+        learning_rates = _drawn(
+            {name: series["step"].pop(name) for name in sorted(series["step"]) if _is_lr(name)}
+        )
+        if learning_rates:
+            panels[LR_TITLE] = learning_rates
+        for name in sorted(set(series["epoch"]) | set(series["step"])):
+            curves = _drawn(
+                {f"{name} (epoch)": series["epoch"].get(name, []), name: series["step"].get(name, [])}
+            )
+            if curves:
+                panels[name] = curves
+        return panels
+
+    def _epoch_points(self, trainer: Trainer, name: str) -> Points:
+        """Each value of epoch metric ``name`` at the step of the epoch end that first saw it
+        (a value recorded since the last epoch end, e.g. in a stopped epoch, at the current step)."""
+        values = trainer.run_history.get_metric_values(name)
+        points = []
+        for index in range(self._first["epoch"].get(name, 0), len(values)):
+            ends = (step for step, counts in self._epoch_ends if counts.get(name, 0) > index)
+            value = _as_float(values[index])
+            if value is not None:
+                points.append((next(ends, trainer.progress.global_step), value))
+        return points
+
+    def _step_points(self, trainer: Trainer, name: str) -> Points:
+        points = trainer.run_history.get_step_metric_values(name)[self._first["step"].get(name, 0) :]
+        return [
+            (step, value)
+            for step, value in ((step, _as_float(value)) for step, value in points)
+            if value is not None
+        ]
+
+    # ------------------------------------------------------------------ drawing and writing
+
+    def write(self, trainer: Trainer) -> None:
+        """Draw the run and replace :attr:`path` with it (main process only).
+
+        A plot that cannot be written is reported with a warning, not an error: the run (and
+        the other processes, which may be waiting in a collective) carries on.
+        """
+        if not trainer.is_world_process_zero:
+            return
+        panels = self.panels(trainer)
+        self.panel_titles = list(panels)
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._draw(panels, self._epoch_end_steps()).savefig(
+                partial, format="png", dpi=self.dpi, metadata={"Panels": json.dumps(self.panel_titles)}
+            )
+            os.replace(partial, self.path)
+        except OSError as error:
+            if partial.parent.is_dir():
+                partial.unlink(missing_ok=True)  # no half-written file is left behind
+            warnings.warn(
+                f"PlotRunCallback could not write the plot to {str(self.path)!r}: {error}. Check that its "
+                f"folder can be created and written to (and that the disk has space).",
+                stacklevel=2,
+            )
+
+    def _epoch_end_steps(self) -> list[int]:
+        return sorted({step for step, _ in self._epoch_ends})
+
+    def _draw(self, panels: Mapping[str, Mapping[str, Points]], epoch_ends: Iterable[int]) -> Figure:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        columns = min(self.columns, len(panels))
+        rows = math.ceil(len(panels) / columns)
+        figure = Figure(figsize=(5.0 * columns, 3.4 * rows), layout="constrained")
+        FigureCanvasAgg(figure)  # attaches itself: no pyplot, no global backend
+        ends = list(epoch_ends)
+        for index, (title, curves) in enumerate(panels.items()):
+            _draw_panel(figure.add_subplot(rows, columns, index + 1), title, curves, ends)
+        return figure
+
+
+def _draw_panel(axes: Axes, title: str, curves: Mapping[str, Points], epoch_ends: list[int]) -> None:
+    for label, points in curves.items():
+        steps, values = zip(*points, strict=True) if points else ((), ())
+        many = len(points) > 20
+        axes.plot(steps, values, "-" if many else "o-", label=label, markersize=4, linewidth=1.2)
+    for step in epoch_ends:
+        axes.axvline(step, color="0.85", linewidth=0.8, zorder=0)
+    if not curves:
+        axes.text(0.5, 0.5, "nothing recorded yet", ha="center", va="center", transform=axes.transAxes)
+    axes.set(title=title, xlabel="optimizer update step")
+    axes.grid(alpha=0.3)
+    if len(curves) > 1 or title == LOSS_TITLE and curves:
+        axes.legend(fontsize="small")
+
+
+def _drawn(curves: Mapping[str, Points]) -> dict[str, Points]:
+    """The curves that have points (a panel shows no empty legend entries)."""
+    return {label: points for label, points in curves.items() if points}
+
+
+def _metric_counts(trainer: Trainer) -> dict[str, int]:
+    history = trainer.run_history
+    return {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}

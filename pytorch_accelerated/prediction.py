@@ -1,0 +1,311 @@
+"""The Trainer's ``predict``: the model's outputs for every sample of a data set, in its order
+(a base class of the Trainer).
+
+Prediction runs on evaluation's loaders: ``create_eval_dataloader`` gives each process its own
+share of the samples (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`: process
+``p`` of ``P`` takes samples ``p, p + P, ...``), all processes run the same number of batches,
+and the padding batches that even them out (see
+:attr:`~pytorch_accelerated.trainer.Trainer.eval_batch_is_padding`) contribute nothing. After
+each batch, the outputs and the indices of their samples are gathered from every process and
+moved to the CPU, so device memory holds one batch at a time; at the end the rows are put back
+in data-set order by those indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from ._internal.distributed import ProcessUtilities, gather_ragged
+from ._internal.validation import check_collate_fn, check_dataloader_kwargs, check_whole_number
+from .data import (
+    DeviceDataLoader,
+    ShardedEvalBatchSampler,
+    check_same_data_on_every_process,
+    is_map_style,
+    prepare_eval_dataloader,
+)
+from .loaders import DataLoaderMethods
+
+#: ``dataloader_kwargs`` that would change which samples are predicted, or their order.
+_ORDER_CHANGING_KWARGS = ("sampler", "batch_sampler", "shuffle", "drop_last")
+
+
+class PredictionMethods(ProcessUtilities, DataLoaderMethods):
+    """The Trainer's :meth:`predict` and its overridable step :meth:`calculate_predict_batch_outputs`."""
+
+    def predict(
+        self,
+        dataset: Any,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Any = None,
+        *,
+        padding_value: float = 0,
+    ) -> Any:
+        """Return the model's outputs for every sample of ``dataset``, in data-set order.
+
+        Each batch goes through :meth:`calculate_predict_batch_outputs` under
+        ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
+        afterwards). Every sample is predicted exactly once, whatever the number of processes,
+        and every process gets the same, whole result, **on the CPU**: a tensor for tensor
+        outputs (the batches concatenated along dim 0), or the same structure of dicts
+        (including a transformers ``ModelOutput``), tuples and lists with each tensor
+        concatenated. Every process must call this.
+
+        Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
+        ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
+        ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
+        the run history and fires no callback event.
+
+        Args:
+            dataset: a map-style data set (with ``__len__``) of at least one sample.
+            per_device_batch_size: samples per batch on each process.
+            dataloader_kwargs: ``DataLoader`` arguments merged over
+                :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
+                ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
+                or their order (to predict on some samples, pass a ``Subset``).
+            collate_fn: makes a batch from a list of samples (default: the Trainer's
+                ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
+            padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
+                (e.g. sequences as long as the longest of their batch) are padded at the end of
+                each such dim, up to the largest size seen, with this value.
+
+        Raises:
+            ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
+                tensor does not have one row per sample (each message says how to fix it).
+            TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
+                output is not made of tensors.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> from pytorch_accelerated import Trainer
+        >>> model = nn.Linear(2, 1)
+        >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
+        >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
+        >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
+        >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
+        [1.0, 5.0, 9.0, 13.0, 17.0]
+        """
+        check_predict_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value)
+        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
+        loader = self._create_predict_dataloader(
+            dataset, per_device_batch_size, dataloader_kwargs, collate_fn
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                structure, batches = self._predict_batches(loader, padding_value)
+        finally:
+            self.model.train(was_training)
+        return in_dataset_order(structure, batches, len(dataset), padding_value)
+
+    def calculate_predict_batch_outputs(self, batch: Any) -> Any:
+        """Return the model's outputs for one batch of :meth:`predict`.
+
+        The default calls ``self.model(**batch)`` for a mapping (a dict, a transformers
+        ``BatchEncoding``), ``self.model(batch[0])`` for a tuple or list (``(inputs, targets)``
+        pairs, or ``(inputs,)``), else ``self.model(batch)``. Return a tensor, or dicts, tuples and
+        lists of tensors, each with one row per sample along dim 0 (e.g. ``outputs.logits``
+        rather than a ``ModelOutput`` that also holds a batch's loss). It runs under
+        ``torch.no_grad()`` with the model in eval mode; during a padding batch
+        (:attr:`eval_batch_is_padding`) its outputs are discarded.
+        """
+        if isinstance(batch, Mapping):
+            return self.model(**batch)
+        if isinstance(batch, (tuple, list)):
+            return self.model(batch[0])
+        return self.model(batch)
+
+    def _create_predict_dataloader(
+        self, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any
+    ) -> DeviceDataLoader:
+        """The evaluation loader over ``dataset`` from the overridable ``create_eval_dataloader``,
+        prepared along with the model; the run's ``eval_dataset``, ``collate_fn`` and recorded
+        loader arguments are put back afterwards."""
+        saved = self.eval_dataset, self.collate_fn, getattr(self, "_merged_dl_kwargs", {})
+        self.eval_dataset = dataset
+        self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
+        try:
+            loader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
+            self._set_evaluation_run_config(batch_size, dataloader_kwargs)
+        finally:
+            self.eval_dataset, self.collate_fn, self._merged_dl_kwargs = saved
+        if not isinstance(loader.batch_sampler, ShardedEvalBatchSampler):
+            raise TypeError(
+                f"predict() needs the loader from create_eval_dataloader to split the data set with a "
+                f"ShardedEvalBatchSampler (as the default one does), to put the outputs back in data-set "
+                f"order; got a {type(loader.batch_sampler).__name__}. Let an override of "
+                f"create_eval_dataloader keep the default batch sampler, or override predict."
+            )
+        self._prepare_model_optimizer_and_dataloaders()
+        prepared: DeviceDataLoader = prepare_eval_dataloader(self._accelerator, loader)
+        return prepared
+
+    def _predict_batches(
+        self, loader: DeviceDataLoader, padding_value: float
+    ) -> tuple[Any, list[list[torch.Tensor]]]:
+        """Predict each batch and gather it from every process; return the first batch's outputs
+        (their structure) and, per batch, ``[sample indices, *output tensors]`` on the CPU."""
+        structure: Any = None
+        paths: list[str] = []
+        gathered: list[list[torch.Tensor]] = []
+        for batch, sample_indices in zip(self._eval_batches(loader), loader.batch_sampler, strict=True):
+            outputs = self.calculate_predict_batch_outputs(batch)
+            leaves = output_leaves(outputs)
+            if structure is None:
+                structure, paths = outputs, [path for path, _ in leaves]
+            check_batch_leaves(leaves, paths, len(sample_indices))
+            indices = torch.tensor(sample_indices, dtype=torch.int64, device=self.device)
+            tensors = [indices, *(tensor.detach() for _, tensor in leaves)]
+            gathered.append(
+                gather_rows(self._accelerator, tensors, padding_value, self.eval_batch_is_padding)
+            )
+        return structure, gathered
+
+
+def check_predict_arguments(
+    dataset: Any, per_device_batch_size: Any, dataloader_kwargs: Any, collate_fn: Any, padding_value: Any
+) -> None:
+    """Check the arguments of ``predict()`` (as ``evaluate()``'s, plus what keeps the data-set order)."""
+    check_whole_number(per_device_batch_size, "per_device_batch_size")
+    if not is_map_style(dataset):
+        raise TypeError(
+            f"predict() needs a map-style data set (a torch Dataset with __len__ and __getitem__), got "
+            f"{type(dataset).__name__}: its outputs are returned in data-set order, by index. For a "
+            f"stream, collect its samples into a list or a TensorDataset first."
+        )
+    if len(dataset) == 0:
+        raise ValueError(
+            f"predict() got an empty dataset ({type(dataset).__name__}, len 0): there is nothing to "
+            f"predict. Pass a data set with at least one sample; if it was filtered or split, check that step."
+        )
+    check_dataloader_kwargs(dataloader_kwargs, "dataloader_kwargs")
+    changing = [key for key in _ORDER_CHANGING_KWARGS if (dataloader_kwargs or {}).get(key)]
+    if changing:
+        raise ValueError(
+            f"predict() returns an output for every sample in data-set order, so dataloader_kwargs may "
+            f"not set {', '.join(changing)} (got {dict(dataloader_kwargs or {})!r}). Remove it; to "
+            f"predict on some samples, pass torch.utils.data.Subset(dataset, indices)."
+        )
+    check_collate_fn(collate_fn)
+    if isinstance(padding_value, bool) or not isinstance(padding_value, (int, float)):
+        raise TypeError(f"padding_value must be a number (e.g. 0 or -100), got {padding_value!r}.")
+
+
+def output_leaves(outputs: Any, path: str = "outputs") -> list[tuple[str, torch.Tensor]]:
+    """The tensors of ``outputs`` (nested mappings, tuples and lists) with their paths, in order."""
+    if isinstance(outputs, torch.Tensor):
+        return [(path, outputs)]
+    if isinstance(outputs, Mapping):
+        return [leaf for key, value in outputs.items() for leaf in output_leaves(value, f"{path}[{key!r}]")]
+    if isinstance(outputs, (tuple, list)):
+        return [leaf for i, value in enumerate(outputs) for leaf in output_leaves(value, f"{path}[{i}]")]
+    raise TypeError(
+        f"calculate_predict_batch_outputs returned {path} = {type(outputs).__name__}, not a tensor: "
+        f"predict() needs a tensor, or dicts, tuples and lists of tensors. Override "
+        f"calculate_predict_batch_outputs to return only the tensors you need."
+    )
+
+
+def check_batch_leaves(leaves: list[tuple[str, torch.Tensor]], paths: list[str], num_samples: int) -> None:
+    """Fail unless a batch's outputs have the first batch's structure and one row per sample."""
+    if [path for path, _ in leaves] != paths:
+        raise ValueError(
+            f"calculate_predict_batch_outputs returned tensors at {[path for path, _ in leaves]} for one "
+            f"batch and at {paths} for the first: every batch must give the same structure."
+        )
+    for path, tensor in leaves:
+        if tensor.dim() == 0 or tensor.shape[0] != num_samples:
+            shape = tuple(tensor.shape)
+            raise ValueError(
+                f"calculate_predict_batch_outputs returned {path} of shape {shape} for a batch of "
+                f"{num_samples} samples: predict() needs one row per sample along dim 0 (a per-batch "
+                f"value such as a loss cannot be split into samples). Override "
+                f"calculate_predict_batch_outputs to return only per-sample tensors, e.g. outputs.logits."
+            )
+
+
+def pad_to(tensor: torch.Tensor, sizes: list[int], padding_value: float) -> torch.Tensor:
+    """``tensor`` padded at the end of dims 1, 2, ... to ``sizes`` with ``padding_value`` (a
+    tensor of no rows, such as a padding batch's, takes ``sizes`` whatever its own)."""
+    if list(tensor.shape[1:]) == sizes:
+        return tensor
+    if tensor.shape[0] == 0:
+        return tensor.new_empty((0, *sizes))
+    padded = tensor.new_full((tensor.shape[0], *sizes), padding_value)
+    padded[tuple(slice(0, size) for size in tensor.shape)] = tensor
+    return padded
+
+
+def gather_rows(
+    accelerator: Accelerator, tensors: list[torch.Tensor], padding_value: float, padding: bool
+) -> list[torch.Tensor]:
+    """Gather ``tensors`` (each with one row per sample) from every process onto the CPU, their
+    dims beyond 0 first padded to the largest on any process; a ``padding`` batch adds no row
+    and its sizes do not count."""
+    if padding:
+        tensors = [tensor[:0] for tensor in tensors]
+    if accelerator.num_processes > 1:
+        local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]]
+        sizes = torch.tensor(local or [0], dtype=torch.int64, device=accelerator.device)
+        largest = accelerator.gather(sizes).reshape(accelerator.num_processes, -1).amax(dim=0).tolist()
+        start, padded = 0, []
+        for tensor in tensors:
+            padded.append(pad_to(tensor, largest[start : start + tensor.dim() - 1], padding_value))
+            start += tensor.dim() - 1
+        tensors = padded
+    return [tensor.cpu() for tensor in gather_ragged(accelerator, tensors, padding=padding)]
+
+
+def in_dataset_order(
+    structure: Any, batches: list[list[torch.Tensor]], num_samples: int, padding_value: float
+) -> Any:
+    """Concatenate the gathered batches (``[indices, *outputs]`` each), padding ragged dims,
+    reorder the rows by sample index and rebuild the outputs' ``structure``."""
+    indices = torch.cat([batch[0] for batch in batches])
+    if not torch.equal(indices.sort().values, torch.arange(num_samples)):  # each sample once
+        raise RuntimeError(f"predict() gathered samples {indices.tolist()} for a data set of {num_samples}.")
+    order = torch.argsort(indices)
+    columns = [[batch[i] for batch in batches] for i in range(1, len(batches[0]))]
+    leaves = (concatenate_padded(column, padding_value)[order] for column in columns)
+    return rebuild(structure, leaves)
+
+
+def concatenate_padded(tensors: list[torch.Tensor], padding_value: float) -> torch.Tensor:
+    """``torch.cat`` along dim 0 after padding dims beyond 0 to the largest of ``tensors``."""
+    sizes = [max(tensor.shape[dim] for tensor in tensors) for dim in range(1, tensors[0].dim())]
+    if any(tensor.dim() != tensors[0].dim() for tensor in tensors):
+        raise ValueError(
+            f"calculate_predict_batch_outputs returned tensors of different numbers of dimensions "
+            f"({sorted({tensor.dim() for tensor in tensors})}) at the same place in different batches."
+        )
+    return torch.cat([pad_to(tensor, sizes, padding_value) for tensor in tensors])
+
+
+def rebuild(structure: Any, leaves: Iterator[torch.Tensor]) -> Any:
+    """``structure`` (as :func:`output_leaves` walks it) with each tensor replaced by the next of ``leaves``."""
+    if isinstance(structure, torch.Tensor):
+        return next(leaves)
+    if isinstance(structure, Mapping):
+        values = {key: rebuild(value, leaves) for key, value in structure.items()}
+        return values if type(structure) is dict else _same_mapping_type(structure, values)
+    values_list = [rebuild(value, leaves) for value in structure]
+    if isinstance(structure, tuple):
+        return type(structure)(*values_list) if hasattr(structure, "_fields") else tuple(values_list)
+    return values_list
+
+
+def _same_mapping_type(structure: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
+    """``values`` as the type of ``structure`` (an ``OrderedDict``, a transformers ``ModelOutput``)
+    where it can be built from a dict, else as a dict."""
+    mapping_type: Any = type(structure)
+    try:
+        return mapping_type(values)
+    except (TypeError, ValueError):
+        return values
