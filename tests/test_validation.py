@@ -27,9 +27,11 @@ from pytorch_accelerated.callbacks import (
     EarlyStoppingCallback,
     LimitBatchesCallback,
     LimitEvalStepsCallback,
+    PlotRunCallback,
     SaveTrainingStateCallback,
     StepBasedEvaluationCallback,
     TerminateOnNaNCallback,
+    TrackingCallback,
 )
 from pytorch_accelerated.callbacks.limits import limit_batches_callback_from_env
 from pytorch_accelerated.schedulers import CosineLrScheduler, WSDLrScheduler
@@ -108,6 +110,13 @@ def save_training_state_callback_with(argument: str) -> Callable[[Any], Any]:
     return call
 
 
+def plot_callback_with(argument: str) -> Callable[[Any], Any]:
+    def call(value: Any) -> PlotRunCallback:
+        return PlotRunCallback(**{argument: value})
+
+    return call
+
+
 @dataclass(frozen=True)
 class Place:
     """One argument checked by check_whole_number, and how to pass it a value."""
@@ -161,6 +170,21 @@ PLACES = [
     Place(
         "env-Trainer()", "callbacks/limits.py", "", ENV_NAME, 1, False, with_env_limit(new_trainer), "2",
         ("0", "1.5"), none_reaches_check=False,
+    ),
+    Place(
+        "TrackingCallback-log_every_n_steps", "callbacks/trackers.py", "TrackingCallback", "log_every_n_steps", 1,
+        False, lambda value: TrackingCallback(log_every_n_steps=value), 1, (0, 2.5),
+    ),
+    *(
+        Place(
+            f"PlotRunCallback-{name}", "callbacks/plotting.py", "PlotRunCallback", name, 1, False,
+            plot_callback_with(name), 2, (0, 1.5),
+        )
+        for name in ("dpi", "columns")
+    ),
+    Place(
+        "predict-per_device_batch_size", "prediction.py", "", "per_device_batch_size", 1, False,
+        lambda value: new_trainer().predict(DATA, per_device_batch_size=value), 4, (0, "3"),
     ),
     Place(
         "TerminateOnNaNCallback-check_every_n_steps", "callbacks/defaults.py", "TerminateOnNaNCallback",
