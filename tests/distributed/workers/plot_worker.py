@@ -39,6 +39,9 @@ def main() -> None:
             "loss_steps": {label: [step for step, _ in points] for label, points in loss.items()},
         },
     )
+    # Rank 0 draws at the end of the run while rank 1 is done: without this, rank 1's gloo
+    # teardown at exit can abort the group before rank 0 has written its result.
+    trainer.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
