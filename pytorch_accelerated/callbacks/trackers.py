@@ -165,10 +165,7 @@ class LocalMLflowTracker(MLflowTracker):
             raise
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        if step is not None and self.written_steps:
-            values = {
-                name: value for name, value in values.items() if step > self.written_steps.get(name, -1)
-            }
+        values = not_written_yet(values, step, self.written_steps)
         if values:
             super().log(values, step=step, **kwargs)
 
@@ -232,10 +229,7 @@ class ResumableWandBTracker(WandBTracker):
         super().start()
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        if step is not None and self.written_steps:
-            values = {
-                name: value for name, value in values.items() if step > self.written_steps.get(name, -1)
-            }
+        values = not_written_yet(values, step, self.written_steps)
         if values:
             super().log(values, step=step, **kwargs)
 
@@ -266,6 +260,14 @@ def wandb_written_steps(directory: Path, run_id: str) -> dict[str, int]:
                 if not name.startswith("_"):
                     written[name] = max(written.get(name, -1), step)
     return written
+
+
+def not_written_yet(values: dict[str, Any], step: int | None, written_steps: Mapping[str, int] | None) -> dict[str, Any]:
+    """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
+    MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
+    if step is None or not written_steps:
+        return values
+    return {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
 
 
 def tracker_names() -> list[str]:
