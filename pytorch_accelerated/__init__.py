@@ -15,7 +15,9 @@ The house, read top-down (each layer imports only the layers below it)::
                         directories), finite (no NaN is ever written), state_checks (every
                         file checked before anything is loaded), original_states (reading
                         0.1.x training states), reshard (resuming mid-epoch on another number
-                        of processes), trainer_io (the Trainer's save and load methods)
+                        of processes), collective_saves (who writes, and every process
+                        agreeing on a save's outcome), model_files (single-file checkpoints),
+                        trainer_io (the Trainer's save and load methods, training states)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
                         them under 0.1.61's module paths

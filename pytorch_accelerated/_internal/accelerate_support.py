@@ -74,8 +74,10 @@ def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bo
 
 def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
     """True under DeepSpeed (or with its ``DummyOptim``): its engine is built from the model,
-    the optimizer and the training loader's batch size, so they go to one ``prepare`` call."""
-    return accelerator.distributed_type == DistributedType.DEEPSPEED or isinstance(optimizer, DummyOptim)
+    the optimizer and the training loader's batch size, so they go to one ``prepare`` call; and
+    under FSDP, whose wrapping replaces the parameters that the optimizer must then hold."""
+    engines = (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    return accelerator.distributed_type in engines or isinstance(optimizer, DummyOptim)
 
 
 def prepare_together(accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any) -> tuple[Any, Any, Any]:

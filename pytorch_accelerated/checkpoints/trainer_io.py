@@ -1,7 +1,8 @@
-"""The Trainer's checkpoints: single files (weights) and training states (everything, to resume).
+"""The Trainer's checkpoint methods (:class:`CheckpointMethods`) and its training states
+(everything, to resume).
 
-The Trainer's ``save_checkpoint``, ``load_checkpoint``, ``save_training_state`` and
-``load_training_state`` delegate here, and this module reaches the Trainer through its public
+The Trainer's ``save_training_state`` and ``load_training_state`` delegate here, its
+``save_checkpoint`` and ``load_checkpoint`` to :mod:`.model_files`; this module reaches the Trainer through its public
 attributes only (``accelerator``, ``model``, ``optimizer``, ``scheduler``, ``progress``,
 ``run_state``, ``run_history``, ``callback_handler``, ...). File formats live in :mod:`.files`
 and :mod:`.state_dirs`, which know nothing of the Trainer.
@@ -14,7 +15,7 @@ import math
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,124 +26,11 @@ from torch import nn
 from .._internal.accelerate_support import collective_timeout_s
 from .._internal.hangs import signal_grace_s
 from ..data import batches_per_epoch, is_map_style
-from . import files, finite, original_states, reshard, state_checks, state_dirs
+from . import collective_saves, files, finite, model_files, original_states, reshard, state_checks, state_dirs
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
 
-_RESERVED = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"}
-
-
-# ---------------------------------------------------------------------------- single files
-
-
-def save_checkpoint(
-    trainer: Trainer,
-    save_path: str | os.PathLike,
-    checkpoint_kwargs: dict[str, Any] | None,
-    save_optimizer: bool,
-    save_scheduler: bool,
-    save_per_node: bool,
-    model: nn.Module | None = None,
-) -> None:
-    finite.check_finite_before_save(trainer, model, f"the checkpoint {str(save_path)!r}")
-    extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
-    reserved = _RESERVED & set(extra)
-    if reserved:
-        raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
-    accelerator = trainer.accelerator
-    # Called on every process: with sharded models, collecting the state is collective.
-    source = trainer.model if model is None else model
-    # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
-    checkpoint: dict[str, Any] = {"model_state_dict": state_checks.without_compile_prefix(accelerator.get_state_dict(source))}
-    if save_optimizer and trainer.optimizer is not None:
-        checkpoint["optimizer_state_dict"] = trainer.optimizer.state_dict()
-    if save_scheduler and trainer.scheduler is not None:
-        checkpoint["scheduler_state_dict"] = trainer.scheduler.state_dict()
-    checkpoint.update(extra)
-    writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
-    error = _attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None
-    _agree_on_save(trainer, error, "the checkpoint", Path(save_path))
-
-
-def load_checkpoint(
-    trainer: Trainer,
-    checkpoint_path: str | os.PathLike,
-    load_optimizer: bool,
-    load_scheduler: bool,
-    model: nn.Module | None = None,
-) -> dict[str, Any]:
-    checkpoint = files.safe_torch_load(checkpoint_path)
-    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-        raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
-    target = trainer.get_model() if model is None else model
-    # Everything is checked before anything is loaded, so a bad file changes nothing.
-    model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
-    state_checks.check_model_state(target, model_state, str(checkpoint_path))
-    # Absent states, and objects the trainer does not have (an evaluation-only Trainer), are skipped.
-    optimizer_state = checkpoint.get("optimizer_state_dict") if load_optimizer and trainer.optimizer is not None else None
-    scheduler_state = checkpoint.get("scheduler_state_dict") if load_scheduler and trainer.scheduler is not None else None
-    if optimizer_state is not None:
-        state_checks.check_object_state(trainer.optimizer, optimizer_state, f"{checkpoint_path} (optimizer_state_dict)")
-    if scheduler_state is not None:
-        state_checks.check_object_state(trainer.scheduler, scheduler_state, f"{checkpoint_path} (scheduler_state_dict)")
-    target.load_state_dict(model_state)
-    if optimizer_state is not None:
-        cast(Any, trainer.optimizer).load_state_dict(optimizer_state)
-    if scheduler_state is not None:
-        cast(Any, trainer.scheduler).load_state_dict(scheduler_state)
-    return checkpoint
-
-
-def load_model_state(model: nn.Module, state: dict[str, Any], source: str) -> None:
-    """Load ``state`` into ``model`` (unwrapped), or explain exactly how it does not fit."""
-    state = state_checks.match_model_keys(model, state)
-    state_checks.check_model_state(model, state, source)
-    model.load_state_dict(state)
-
-
-def _attempt(action: Callable[..., Any], *args: Any) -> Exception | None:
-    """Run one step of a save; return its error instead of raising it, so that every process
-    can agree on the outcome (an interrupt is raised at once)."""
-    try:
-        action(*args)
-    except Exception as error:
-        return error
-    return None
-
-
-def failed_ranks(trainer: Trainer, failed: bool) -> list[int]:
-    """The processes on which ``failed`` is true, known on every process (a collective)."""
-    accelerator = trainer.accelerator
-    if accelerator.num_processes == 1:
-        return [0] if failed else []
-    flags = accelerator.gather(torch.tensor([float(failed)], device=trainer.device))
-    return [rank for rank, flag in enumerate(flags.tolist()) if flag]
-
-
-def _agree_on_save(trainer: Trainer, error: Exception | None, what: str, target: Path) -> None:
-    """Raise on every process if a step of saving ``what`` to ``target`` failed on any.
-
-    The process that failed raises its own error, as a :class:`files.CheckpointWriteError`
-    naming ``target`` and the OS error when there was one; the others say which process failed.
-    """
-    failed = failed_ranks(trainer, error is not None)
-    if not failed:
-        return
-    if what == "the training state":
-        state_dirs.remove_temporary(target)
-    intact = "the previous states are intact" if what == "the training state" else "an earlier file there is unchanged"
-    if error is None:
-        raise files.CheckpointWriteError(
-            None, f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-            f"write it (its output says why). Nothing was written; {intact}.", target
-        )
-    if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
-        raise files.CheckpointWriteError(
-            error.errno, f"Could not save {what} to {target}: {error.message}. Nothing was written; "
-            f"{intact}. {files.write_hint(error, target)}", target
-        ) from error
-    raise error
 
 
 # ---------------------------------------------------------------------------- training states
@@ -173,21 +61,21 @@ def _write_training_state(
 ) -> None:
     """Write the state into its hidden directory, then publish it. The processes agree after
     each step, so a step that fails on one process raises on all, with nothing left behind."""
-    main = writes_shared_files(trainer.accelerator)
+    main = collective_saves.writes_shared_files(trainer.accelerator)
     what = "the training state"
     temporary = state_dirs.temporary_dir_for(output_dir)
-    _agree_on_save(trainer, _attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
+    collective_saves.agree_on_save(trainer, collective_saves.attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
     contents: dict[str, Any] = {}
-    error = _attempt(lambda: contents.update(_state_files(trainer, position, model_state, extra)))
-    error = error or _attempt(state_dirs.write_files, temporary, contents)
+    error = collective_saves.attempt(lambda: contents.update(_state_files(trainer, position, model_state, extra)))
+    error = error or collective_saves.attempt(state_dirs.write_files, temporary, contents)
     error = _explain_unshared_directory(trainer.accelerator, error, temporary)
-    _agree_on_save(trainer, error, what, output_dir)
+    collective_saves.agree_on_save(trainer, error, what, output_dir)
     if main:
         # Saved on each node, a node's directory holds its own processes' files only.
-        names = _files_in(temporary) if saves_on_each_node(trainer.accelerator) else _file_names(trainer, contents)
+        names = _files_in(temporary) if collective_saves.saves_on_each_node(trainer.accelerator) else _file_names(trainer, contents)
         manifest = _manifest(trainer, position, names)
-        error = _attempt(state_dirs.write_manifest, temporary, manifest) or _attempt(state_dirs.publish, temporary, output_dir)
-    _agree_on_save(trainer, error, what, output_dir)
+        error = collective_saves.attempt(state_dirs.write_manifest, temporary, manifest) or collective_saves.attempt(state_dirs.publish, temporary, output_dir)
+    collective_saves.agree_on_save(trainer, error, what, output_dir)
 
 
 def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +85,7 @@ def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[s
     accelerator = trainer.accelerator
     own = {"rng": state_dirs.capture_rng_states(), **trainer.run_state.process_state_dict(position["batch_index"] > 0)}
     contents: dict[str, Any] = {f"rng_state_{accelerator.process_index}.pt": own}
-    if writes_shared_files(accelerator):
+    if collective_saves.writes_shared_files(accelerator):
         contents["model.pt"] = model_state
         contents.update((name, obj.state_dict()) for name, obj in _stateful_objects(trainer) if obj is not None)
         contents["trainer_state.pt"] = _trainer_state(trainer, position, extra)
@@ -211,18 +99,6 @@ def _file_names(trainer: Trainer, contents: dict[str, Any]) -> list[str]:
 
 
 
-def saves_on_each_node(accelerator: Any) -> bool:
-    """Whether training states are written on every node (accelerate's
-    ``ProjectConfiguration.save_on_each_node``), for nodes that share no file system: each
-    node's main process then writes the whole state, with its node's per-process files."""
-    return bool(accelerator.project_configuration.save_on_each_node)
-
-
-def writes_shared_files(accelerator: Any) -> bool:
-    """Whether this process writes a state's shared files (model, optimizer, ...) and publishes it."""
-    return bool(accelerator.is_local_main_process if saves_on_each_node(accelerator) else accelerator.is_main_process)
-
-
 def _files_in(directory: Path) -> list[str]:
     return sorted(path.name for path in directory.iterdir() if path.is_file() and not path.name.startswith("."))
 
@@ -230,7 +106,7 @@ def _files_in(directory: Path) -> list[str]:
 def _explain_unshared_directory(accelerator: Any, error: Exception | None, temporary: Path) -> Exception | None:
     """``error``, or, when this process cannot see the directory the main process created (the
     nodes share no file system), an error that says so and how to save on each node."""
-    if error is None or temporary.is_dir() or saves_on_each_node(accelerator):
+    if error is None or temporary.is_dir() or collective_saves.saves_on_each_node(accelerator):
         return error
     return files.CheckpointWriteError(
         getattr(error, "errno", None),
@@ -253,7 +129,7 @@ def _start_background_save(
     """Copy the state to host memory (the loop may change the originals from now on) and write
     it in a background thread; :func:`wait_for_training_state` waits for it."""
     accelerator = trainer.accelerator
-    if saves_on_each_node(accelerator) and accelerator.num_processes > 1:
+    if collective_saves.saves_on_each_node(accelerator) and accelerator.num_processes > 1:
         raise ValueError(
             f"Cannot save {output_dir} asynchronously with accelerate's save_on_each_node: the process that "
             f"publishes a state in the background waits for the others' files in its folder, which needs a "
@@ -262,11 +138,11 @@ def _start_background_save(
         )
     main = accelerator.is_main_process
     what = "the training state"
-    _agree_on_save(trainer, _attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
+    collective_saves.agree_on_save(trainer, collective_saves.attempt(state_dirs.make_temporary_dir, output_dir) if main else None, what, output_dir)
     contents: dict[str, Any] = {}
     buffers = _HOST_BUFFERS.setdefault(trainer, {})  # the previous copy's memory, free again (it was waited for)
-    error = _attempt(lambda: contents.update(state_dirs.to_host(_state_files(trainer, position, model_state, extra), buffers)))
-    _agree_on_save(trainer, error, what, output_dir)
+    error = collective_saves.attempt(lambda: contents.update(state_dirs.to_host(_state_files(trainer, position, model_state, extra), buffers)))
+    collective_saves.agree_on_save(trainer, error, what, output_dir)
     manifest = _manifest(trainer, position, _file_names(trainer, contents)) if main else None
     job = state_dirs.BackgroundStateWrite(
         output_dir, contents, accelerator.process_index, accelerator.num_processes, manifest, collective_timeout_s()
@@ -284,7 +160,7 @@ def wait_for_training_state(trainer: Trainer) -> None:
     job, step = pending
     error = job.wait()
     try:
-        _agree_on_save(trainer, cast(Exception | None, error), "the training state", job.output_dir)
+        collective_saves.agree_on_save(trainer, cast(Exception | None, error), "the training state", job.output_dir)
     except files.CheckpointWriteError as failure:
         raise files.CheckpointWriteError(
             failure.errno, f"{failure.message} (It was being written in the background, after update step {step}; "
@@ -442,7 +318,7 @@ def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks
             loaded = state_checks.read_training_state(directory, model, targets, rank, trainer.accelerator.num_processes)
         except Exception as error:  # any failure to read a state is a reason to try the next one
             problems.append((directory, error))
-        failed = failed_ranks(trainer, loaded is None)
+        failed = collective_saves.failed_ranks(trainer, loaded is None)
         if loaded is not None and not failed:
             for bad, problem in problems:
                 warnings.warn(f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.", stacklevel=4)
@@ -486,7 +362,7 @@ def _read_original_state(trainer: Trainer, directory: Path) -> original_states.O
             state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
     except Exception as caught:  # raised below, once every process knows
         error = caught
-    failed = failed_ranks(trainer, error is not None)
+    failed = collective_saves.failed_ranks(trainer, error is not None)
     if error is not None:
         raise error
     if failed:
@@ -673,7 +549,7 @@ class CheckpointMethods:
                 on every process when the file could not be written, naming it and the OS
                 error; an earlier file at ``save_path`` is kept and no temporary file is left.
         """
-        save_checkpoint(self._trainer(), save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node, model)
+        model_files.save_checkpoint(self._trainer(), save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node, model)
 
     def load_checkpoint(
         self,
@@ -694,7 +570,7 @@ class CheckpointMethods:
         (the file, the model's keys and shapes, the optimizer's parameter groups) before
         anything is loaded, so a file that does not fit changes nothing.
         """
-        return load_checkpoint(self._trainer(), checkpoint_path, load_optimizer, load_scheduler, model)
+        return model_files.load_checkpoint(self._trainer(), checkpoint_path, load_optimizer, load_scheduler, model)
 
     def save_training_state(
         self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None, *, asynchronous: bool = False
