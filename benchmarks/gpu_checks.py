@@ -27,6 +27,9 @@ Checks (what docs/recipes/precision.md says was proven on a GPU comes from here)
 - ``compiled_models_train_like_eager_without_recompiling``: a 6-block model compiled whole and by
   regions (inductor): no compilation after the first epoch, evaluation losses within 5 % of
   eager's, and the epoch times (docs/recipes/compile.md).
+- ``fsdp2_on_a_gpu_trains_like_without_it_and_saves_full_states``: FSDP2 enabled by accelerate on
+  the GPU (one process launched as by torchrun): sharded parameters, losses within 1e-4 of the
+  run without FSDP, and a save_checkpoint file that loads into a plain model (docs/recipes/fsdp.md).
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -49,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
-from accelerate.utils import GradScalerKwargs  # noqa: E402
+from accelerate.utils import FullyShardedDataParallelPlugin, GradScalerKwargs  # noqa: E402
 
 from pytorch_accelerated import Trainer  # noqa: E402
 from pytorch_accelerated.callbacks import TrainerCallback  # noqa: E402
@@ -245,6 +251,80 @@ def compiled_models_train_like_eager_without_recompiling() -> dict[str, Any]:
         assert runs[how]["graphs_added_later"] == 0, f"{how}: recompiled after the first epoch: {runs}"
         assert math.isclose(runs[how]["eval_loss"], runs["eager"]["eval_loss"], rel_tol=0.05), f"{how}: loss differs: {runs}"
     return runs
+
+
+# ---------------------------------------------------------------- FSDP2 (issue 11, part 2)
+
+
+def _fsdp_trainer(fsdp: bool) -> Trainer:
+    """The precision checks' model and AdamW, under FSDP2 (enabled by accelerate itself) or not."""
+
+    class FSDPTrainer(Trainer):
+        def _create_accelerator(self) -> Accelerator:
+            AcceleratorState._reset_state(reset_partial_state=True)
+            plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False) if fsdp else None
+            return Accelerator(fsdp_plugin=plugin)
+
+    model = _fsdp_model()
+    return FSDPTrainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-3), callbacks=())
+
+
+def _fsdp_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 1))
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def _fsdp_run(fsdp: bool, save_path: Path) -> dict[str, Any]:
+    trainer = _fsdp_trainer(fsdp)
+    trainer.train(
+        _data(2048, 0), num_epochs=2, eval_dataset=_data(512, 1), per_device_batch_size=64,
+        gradient_accumulation_steps=2, max_grad_norm=1.0,
+    )  # fmt: skip
+    trainer.save_checkpoint(save_path)
+    history = trainer.run_history
+    engine = str(trainer.accelerator.distributed_type)
+    sharded = [type(p.data).__name__ for group in trainer.optimizer.param_groups for p in group["params"]]  # type: ignore[union-attr]
+    return {"engine": engine, "sharded": sharded, "losses": history.get_metric_values("train_loss_epoch") + history.get_metric_values("eval_loss_epoch")}
+
+
+@gpu_check
+def fsdp2_on_a_gpu_trains_like_without_it_and_saves_full_states() -> dict[str, Any]:
+    """One process launched as ``torchrun --nproc_per_node 1`` would (so accelerate enables FSDP
+    on the GPU itself): FSDP2 shards the parameters (DTensors), its losses (accumulation 2,
+    max_grad_norm) are within 1e-4 of the same run without FSDP, and save_checkpoint's file
+    loads into a plain model and AdamW with the same weights. Not run by --cpu-dry-run:
+    accelerate enables FSDP only on GPUs (tests/distributed/test_fsdp_training.py runs FSDP2 on CPUs)."""
+    if CPU_DRY_RUN:
+        return {"note": "not run on the CPU: accelerate enables FSDP only on GPUs"}
+    folder = Path(tempfile.mkdtemp())
+    plain = _fsdp_run(False, folder / "plain.pt")
+    launched = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
+    os.environ.update(launched)
+    try:
+        sharded = _fsdp_run(True, folder / "fsdp.pt")
+    finally:
+        for name in launched:
+            del os.environ[name]
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert sharded["engine"].endswith("FSDP") and set(sharded["sharded"]) == {"DTensor"}, sharded
+    worst = max(abs(a - b) for a, b in zip(sharded["losses"], plain["losses"], strict=True))
+    assert worst <= 1e-4, f"FSDP2 losses {sharded['losses']} differ from {plain['losses']} by up to {worst}"
+    files = {name: torch.load(folder / f"{name}.pt", weights_only=True) for name in ("plain", "fsdp")}
+    for name in ("plain", "fsdp"):  # each loads into a plain model and optimizer
+        model = _fsdp_model()
+        model.load_state_dict(files[name]["model_state_dict"])
+        torch.optim.AdamW(model.parameters()).load_state_dict(files[name]["optimizer_state_dict"])
+    for key, value in files["plain"]["model_state_dict"].items():
+        torch.testing.assert_close(files["fsdp"]["model_state_dict"][key].cpu(), value.cpu(), rtol=1e-4, atol=1e-4)
+    return {"plain": plain, "fsdp2": sharded, "worst_loss_difference": worst}
 
 
 # ---------------------------------------------------------------- running them

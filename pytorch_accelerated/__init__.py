@@ -17,6 +17,7 @@ The house, read top-down (each layer imports only the layers below it)::
                         0.1.x training states), reshard (resuming mid-epoch on another number
                         of processes), collective_saves (who writes, and every process
                         agreeing on a save's outcome), model_files (single-file checkpoints),
+                        sharded (training states of FSDP models, saved and loaded in shards),
                         trainer_io (the Trainer's save and load methods, training states)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
@@ -34,7 +35,8 @@ The house, read top-down (each layer imports only the layers below it)::
                         distributed (gathering, the Trainer's process methods), accumulation
                         (window weighting), accelerate_support (what accelerate's set-up allows,
                         the collective timeout), hangs (what a failed collective was doing; the
-                        watchdog for a process a stop signal finds stuck), errors
+                        watchdog for a process a stop signal finds stuck), launch_checks (a
+                        launch whose processes do not add up fails early), errors
                         (StopTrainingError, public through callbacks)
 
 Public names are those of SPEC.md and COMPAT.md; see docs/inside-the-trainer.md for the loop.

@@ -28,6 +28,7 @@ from ._internal.accelerate_support import (
 from ._internal.accumulation import WindowWeighting, accumulation_windows
 from ._internal.distributed import ProcessUtilities, mean_over_processes
 from ._internal.hangs import explain_collective_failure
+from ._internal.launch_checks import check_every_process_joins
 from ._internal.validation import (
     batch_size_of,
     check_batch_output,
@@ -127,6 +128,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         env_limit = limit_batches_callback_from_env()
         self.callback_handler = CallbackHandler((env_limit, *callbacks) if env_limit is not None else callbacks)
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
+        check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
         check_accelerator(self._accelerator)
         if self._accelerator.num_processes > 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import sys
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -137,7 +138,8 @@ def has_accelerator_device() -> bool:
 
 def check_accelerator(accelerator: Accelerator) -> None:
     """Fail fast on a launch whose processes did not form one group, or on accelerate-side
-    accumulation; warn when the precision asked for cannot run here (fp16 on a CPU)."""
+    accumulation; warn when the precision asked for cannot run here (fp16 on a CPU), or when
+    FSDP was asked for but accelerate runs something else (on a CPU)."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise RuntimeError(
@@ -155,7 +157,8 @@ def check_accelerator(accelerator: Accelerator) -> None:
             f"itself. Remove it from the accelerate config and pass "
             f"train(gradient_accumulation_steps=...) instead."
         )
-    warn_if_precision_cannot_run(accelerator)
+    for message in (unavailable_precision_message(accelerator), dropped_fsdp_message(accelerator)):
+        warn_on_first_process(accelerator, message)
 
 
 #: Where accelerate hands mixed precision to another engine (its own config decides).
@@ -182,11 +185,69 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
     )
 
 
-def warn_if_precision_cannot_run(accelerator: Accelerator) -> None:
-    """Warn once (on the machine's first process) when the precision asked for cannot run."""
-    message = unavailable_precision_message(accelerator)
+def warn_on_first_process(accelerator: Accelerator, message: str | None) -> None:
+    """Warn with ``message`` (when there is one) once per machine, on its first process: a
+    configuration that was asked for but cannot run here."""
     if message is not None and accelerator.is_local_main_process:
         warnings.warn(message, UserWarning, stacklevel=4)  # the line that created the Trainer
+
+
+def is_dtensor(value: Any) -> bool:
+    """True for a sharded ``torch.distributed.tensor.DTensor`` (FSDP2's parameters and their
+    optimizer state). Imports nothing: a DTensor exists only once its module was imported, and
+    importing it costs half a second."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def fsdp2_modules(module: nn.Module) -> list[Any]:
+    """``module`` and those of its submodules that FSDP2's ``fully_shard`` sharded (imports nothing)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return [] if fsdp is None else [part for part in module.modules() if isinstance(part, fsdp.FSDPModule)]
+
+
+def uses_fsdp(accelerator: Accelerator) -> bool:
+    """True when accelerate runs the model under FSDP (its parameters are sharded)."""
+    return bool(accelerator.distributed_type == DistributedType.FSDP)
+
+
+def refuse_under_fsdp(accelerator: Accelerator, what: str, why: str, fix: str) -> None:
+    """Raise a ``ValueError`` saying that ``what`` cannot run under FSDP, ``why``, and ``fix``."""
+    if uses_fsdp(accelerator):
+        raise ValueError(f"{what} cannot run under FSDP: {why}. {fix}")
+
+
+def fsdp_requested() -> bool:
+    """True when FSDP was asked for: ``accelerate launch --use_fsdp`` (or ``accelerate config``)
+    sets ``ACCELERATE_USE_FSDP=true``, and so does an Accelerator given an ``fsdp_plugin``."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").strip().lower() == "true"
+
+
+def dropped_fsdp_message(accelerator: Accelerator) -> str | None:
+    """What to say when FSDP was asked for but accelerate runs something else, else None.
+
+    accelerate 1.16 enables FSDP only for a group of processes on accelerator devices (GPUs,
+    ...): on CPU processes, or in a single process, it silently runs without sharding.
+    """
+    engine = accelerator.distributed_type
+    if not fsdp_requested() or engine in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return None
+    processes = accelerator.num_processes
+    if engine == DistributedType.NO:
+        instead = "a single process that holds the whole model and optimizer state"
+    else:
+        backend = accelerator.state.backend or "its backend"
+        instead = (
+            f"plain data parallelism (DDP over {backend}) on {processes} {accelerator.device.type.upper()} "
+            f"processes, each holding the whole model and optimizer state"
+        )
+    return (
+        f"FSDP was requested (ACCELERATE_USE_FSDP=true, from `accelerate launch --use_fsdp`, the accelerate "
+        f"config or an fsdp_plugin), but accelerate runs {instead}: it enables FSDP only for a group of "
+        f"processes on GPUs (or other accelerator devices), so nothing is sharded here. To shard, launch on "
+        f"GPUs (`accelerate launch --use_fsdp --fsdp_version 2 --num_processes N script.py`); to run as "
+        f"now without this warning, leave out --use_fsdp and the fsdp_plugin."
+    )
 
 
 _cleanup_registered = False

@@ -2,7 +2,8 @@
 process a stop signal finds stuck outside Python (in a collective whose peer died, typically).
 
 The collective timeout itself is set where the process group is created
-(:func:`.accelerate_support.process_group_kwargs`).
+(:func:`.accelerate_support.process_group_kwargs`); the wait for the processes of a launch to
+join it, in :mod:`.launch_checks`.
 """
 
 from __future__ import annotations

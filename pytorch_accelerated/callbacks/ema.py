@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._internal.accelerate_support import refuse_under_fsdp
 from ..checkpoints.finite import NonFiniteStateError
 from ..utils import ModelEma
 from .events import CallbackHandler, TrainerCallback
@@ -132,6 +133,10 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_start(trainer)
+        refuse_under_fsdp(
+            trainer.accelerator, "ModelEmaCallback", "it keeps a whole copy of the model on each process, and "
+            "FSDP's model is sharded across the processes", "Remove it from the callbacks, or train without FSDP.",
+        )
         self.ema_model = self.model_ema(trainer.get_model(), decay=self.decay).to(trainer.device)
         if self._pending_ema_state is not None:
             self.ema_model.module.load_state_dict(self._pending_ema_state)

@@ -12,6 +12,7 @@ import torch
 
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
+from ..checkpoints import sharded
 from ..checkpoints.finite import NonFiniteStateError
 from ..checkpoints.state_dirs import MANIFEST, list_complete_states, read_manifest
 from .events import StopTrainingError, TrainerCallback
@@ -118,6 +119,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._stopped_by_signal = False
         self._saved_at = self._saved_dir = None
         self._eval_steps = 0
+        if self.asynchronous and sharded.is_sharded_run(trainer.accelerator):  # refused now, not at the first save
+            sharded.check_can_save(trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False)
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
+from .._internal.accelerate_support import is_dtensor
 from .._internal.errors import StopTrainingError
 
 if TYPE_CHECKING:
@@ -38,9 +39,13 @@ class NonFiniteStateError(StopTrainingError):
 
 
 def non_finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
-    """A device tensor that is true when any floating-point value in ``tensors`` is NaN or
-    infinite (no host read); None when there is nothing to check."""
-    floats = [tensor.detach() for tensor in tensors if torch.is_floating_point(tensor) and tensor.numel()]
+    """A device tensor that is true when any floating-point value in ``tensors`` (this
+    process's shard of a sharded one) is NaN or infinite (no host read); None when there is
+    nothing to check."""
+    # A sharded (DTensor) tensor is checked through this process's shard: the check's gather
+    # across processes covers the others.
+    local = (cast(Any, tensor).to_local() if is_dtensor(tensor) else tensor for tensor in tensors)
+    floats = [tensor.detach() for tensor in local if torch.is_floating_point(tensor) and tensor.numel()]
     if not floats:
         return None
     # The largest magnitude of each tensor (NaN propagates through it), one kernel per

@@ -69,10 +69,12 @@ def read_training_state(
     if manifest.get("finite") is False:
         raise UnusableStateError(f"{directory} holds NaN or infinite weights (so its manifest records).")
     listed = set(manifest.get("files", ()))
-    model_state = match_model_keys(model, _read(directory, "model.pt"))
-    check_model_state(model, model_state, str(directory))
-    if not finite.state_is_finite(model_state):
-        raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
+    model_state: dict[str, Any] = {}  # a sharded state's model is checked and loaded by .sharded
+    if manifest.get("sharded") is None:
+        model_state = match_model_keys(model, _read(directory, "model.pt"))
+        check_model_state(model, model_state, str(directory))
+        if not finite.state_is_finite(model_state):
+            raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
     objects = {name: _read(directory, name) for name, target in targets.items() if name in listed and target is not None}
     for name, state in objects.items():
         check_object_state(targets[name], state, str(directory / name))

@@ -11,6 +11,8 @@ Knows nothing of the Trainer. A training state is a directory::
         trainer_state.pt     progress, run history, callback states, partial epoch loss, ...
         rng_state_<rank>.pt  every RNG of each process
 
+(Under FSDP the model and optimizer are saved in shards instead of ``model.pt`` and
+``optimizer.pt``; see :mod:`.sharded`.)
 The directory is written under a hidden temporary name beside its final one and renamed into
 place only once the manifest is written, so a process killed mid-save leaves either the
 previous state or the new one, never a half-written directory that looks complete. A save

@@ -11,6 +11,7 @@ and :mod:`.state_dirs`, which know nothing of the Trainer.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import warnings
@@ -26,7 +27,17 @@ from torch import nn
 from .._internal.accelerate_support import collective_timeout_s
 from .._internal.hangs import signal_grace_s
 from ..data import batches_per_epoch, is_map_style
-from . import collective_saves, files, finite, model_files, original_states, reshard, state_checks, state_dirs
+from . import (
+    collective_saves,
+    files,
+    finite,
+    model_files,
+    original_states,
+    reshard,
+    sharded,
+    state_checks,
+    state_dirs,
+)
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -42,12 +53,15 @@ def save_training_state(
     """Save a training state (see :meth:`CheckpointMethods.save_training_state`); first wait
     for a state still being written in the background, raising its error if it failed."""
     wait_for_training_state(trainer)
-    finite.check_finite_before_save(trainer, None, f"the training state {str(output_dir)!r}")
     output_dir = Path(output_dir)
+    if sharded.is_sharded_run(trainer.accelerator):  # every process writes its shards (see .sharded)
+        sharded.check_can_save(trainer.accelerator, output_dir, asynchronous, collective_saves.saves_on_each_node(trainer.accelerator))
+    finite.check_finite_before_save(trainer, None, f"the training state {str(output_dir)!r}")
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     position = _position_to_save(trainer)
-    # Collective for sharded models; the plain model's keys, also for a torch.compile'd model.
-    model_state = state_checks.without_compile_prefix(trainer.accelerator.get_state_dict(trainer.model))
+    model_state: dict[str, Any] | None = None  # a sharded model: every process writes its shards instead
+    if not sharded.is_sharded_run(trainer.accelerator):  # the plain model's keys, also for a torch.compile'd model
+        model_state = state_checks.without_compile_prefix(trainer.accelerator.get_state_dict(trainer.model))
     write = _start_background_save if asynchronous else _write_training_state
     try:
         write(trainer, output_dir, position, model_state, extra)
@@ -57,7 +71,7 @@ def save_training_state(
 
 
 def _write_training_state(
-    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]
+    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any] | None, extra: dict[str, Any]
 ) -> None:
     """Write the state into its hidden directory, then publish it. The processes agree after
     each step, so a step that fails on one process raises on all, with nothing left behind."""
@@ -70,24 +84,50 @@ def _write_training_state(
     error = error or collective_saves.attempt(state_dirs.write_files, temporary, contents)
     error = _explain_unshared_directory(trainer.accelerator, error, temporary)
     collective_saves.agree_on_save(trainer, error, what, output_dir)
+    if model_state is None:
+        _write_shards(trainer, temporary, output_dir)
     if main:
-        # Saved on each node, a node's directory holds its own processes' files only.
-        names = _files_in(temporary) if collective_saves.saves_on_each_node(trainer.accelerator) else _file_names(trainer, contents)
-        manifest = _manifest(trainer, position, names)
-        error = collective_saves.attempt(state_dirs.write_manifest, temporary, manifest) or collective_saves.attempt(state_dirs.publish, temporary, output_dir)
+        error = collective_saves.attempt(_publish, trainer, temporary, output_dir, position, contents)
     collective_saves.agree_on_save(trainer, error, what, output_dir)
 
 
-def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _write_shards(trainer: Trainer, temporary: Path, output_dir: Path) -> None:
+    """Every process writes its shards of the model, then of the optimizer (accelerate's FSDP
+    savers; collective), agreeing after each, so that a failure on one raises on all."""
+    accelerator, what = trainer.accelerator, "the training state"
+    model_files.registered_shards(trainer.model)  # after an evaluation, FSDP2 holds whole parameters
+    error = collective_saves.attempt(sharded.save_model, accelerator, trainer.model, temporary)
+    collective_saves.agree_on_save(trainer, error, what, output_dir)
+    if trainer.optimizer is not None:
+        error = collective_saves.attempt(sharded.save_optimizer, accelerator, trainer.optimizer, trainer.model, temporary)
+        collective_saves.agree_on_save(trainer, error, what, output_dir)
+
+
+def _publish(trainer: Trainer, temporary: Path, output_dir: Path, position: dict[str, int], contents: dict[str, Any]) -> None:
+    """Write the manifest, listing every file of the state, then publish it (the main process)."""
+    if sharded.is_sharded_run(trainer.accelerator):  # every process's shards, DCP's .metadata too
+        sharded.sync_files(temporary)
+        names = sharded.list_files(temporary)
+    elif collective_saves.saves_on_each_node(trainer.accelerator):  # a node's own processes' files only
+        names = _files_in(temporary)
+    else:
+        names = _file_names(trainer, contents)
+    state_dirs.write_manifest(temporary, _manifest(trainer, position, names))
+    state_dirs.publish(temporary, output_dir)
+
+
+def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[str, Any] | None, extra: dict[str, Any]) -> dict[str, Any]:
     """What this process writes into a training state, by file name: each process its RNGs and
     its share of the epoch's loss so far; the main process also the model, the stateful
-    objects and the trainer's state (position, history, callback states)."""
+    objects and the trainer's state (position, history, callback states). A sharded model
+    (``model_state`` None) and its optimizer are written in shards instead (:mod:`.sharded`)."""
     accelerator = trainer.accelerator
     own = {"rng": state_dirs.capture_rng_states(), **trainer.run_state.process_state_dict(position["batch_index"] > 0)}
     contents: dict[str, Any] = {f"rng_state_{accelerator.process_index}.pt": own}
     if collective_saves.writes_shared_files(accelerator):
-        contents["model.pt"] = model_state
-        contents.update((name, obj.state_dict()) for name, obj in _stateful_objects(trainer) if obj is not None)
+        skipped = sharded.PLAIN_FILES if model_state is None else ()
+        contents.update({} if model_state is None else {"model.pt": model_state})
+        contents.update((name, obj.state_dict()) for name, obj in _stateful_objects(trainer) if obj is not None and name not in skipped)
         contents["trainer_state.pt"] = _trainer_state(trainer, position, extra)
     return contents
 
@@ -117,6 +157,16 @@ def _explain_unshared_directory(accelerator: Any, error: Exception | None, tempo
         temporary,
     )
 
+def _unseen_directory_error(accelerator: Any, temporary: Path) -> Exception | None:
+    """The error of a process that cannot see the hidden directory the main process created
+    (nodes that share no file system), before a background save, whose publisher would
+    otherwise wait for this process's files there until the collective timeout."""
+    if temporary.is_dir():
+        return None
+    missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(temporary))
+    return _explain_unshared_directory(accelerator, missing, temporary)
+
+
 # ---------------------------------------------------------------------------- asynchronous saves
 
 _PENDING: weakref.WeakKeyDictionary[Any, tuple[state_dirs.BackgroundStateWrite, int]] = weakref.WeakKeyDictionary()
@@ -124,7 +174,7 @@ _HOST_BUFFERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str, int], Any]] =
 
 
 def _start_background_save(
-    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any], extra: dict[str, Any]
+    trainer: Trainer, output_dir: Path, position: dict[str, int], model_state: dict[str, Any] | None, extra: dict[str, Any]
 ) -> None:
     """Copy the state to host memory (the loop may change the originals from now on) and write
     it in a background thread; :func:`wait_for_training_state` waits for it."""
@@ -142,6 +192,7 @@ def _start_background_save(
     contents: dict[str, Any] = {}
     buffers = _HOST_BUFFERS.setdefault(trainer, {})  # the previous copy's memory, free again (it was waited for)
     error = collective_saves.attempt(lambda: contents.update(state_dirs.to_host(_state_files(trainer, position, model_state, extra), buffers)))
+    error = error or _unseen_directory_error(accelerator, state_dirs.temporary_dir_for(output_dir))
     collective_saves.agree_on_save(trainer, error, what, output_dir)
     manifest = _manifest(trainer, position, _file_names(trainer, contents)) if main else None
     job = state_dirs.BackgroundStateWrite(
@@ -204,6 +255,7 @@ def _manifest(trainer: Trainer, position: dict[str, int], file_names: list[str])
         "per_device_batch_size": config.train_per_device_batch_size if config else None,
         "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
         "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
+        **({"sharded": sharded.sharding_record(trainer.accelerator)} if sharded.is_sharded_run(trainer.accelerator) else {}),
     }
 
 
@@ -277,7 +329,7 @@ def load_training_state(trainer: Trainer, input_dir: str | os.PathLike, resuming
     if isinstance(loaded, original_states.OriginalState):
         return _load_original_state(trainer, loaded, resuming)
     mapped = _check_run_settings(trainer, loaded) if resuming else None
-    trainer.get_model().load_state_dict(loaded.model)
+    _load_model_and_optimizer(trainer, loaded)
     _load_stateful_objects(trainer, loaded, resuming)
     state = loaded.trainer_state
     _restore_position(trainer, state)
@@ -316,9 +368,13 @@ def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks
         loaded: state_checks.LoadedState | None = None
         try:
             loaded = state_checks.read_training_state(directory, model, targets, rank, trainer.accelerator.num_processes)
+            _check_sharding(trainer, loaded)
         except Exception as error:  # any failure to read a state is a reason to try the next one
             problems.append((directory, error))
+            loaded = None
         failed = collective_saves.failed_ranks(trainer, loaded is None)
+        if loaded is None and isinstance(problems[-1][1], sharded.ShardedStateError):
+            raise problems[-1][1]  # this run's configuration, not the state, is at fault: no fallback
         if loaded is not None and not failed:
             for bad, problem in problems:
                 warnings.warn(f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.", stacklevel=4)
@@ -329,6 +385,31 @@ def choose_state(trainer: Trainer, input_dir: str | os.PathLike) -> state_checks
             raise problems[-1][1]
     found = "; ".join(f"{directory.name}: {error}" for directory, error in problems)
     raise ValueError(f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: {found}).")
+
+
+def _check_sharding(trainer: Trainer, loaded: state_checks.LoadedState) -> None:
+    """Check, before anything is loaded, that this run can load the state's model and optimizer:
+    a state saved sharded (under FSDP) needs the same FSDP configuration, and its files are
+    checked (see :mod:`.sharded`); a plain state loads anywhere."""
+    accelerator = trainer.accelerator
+    saved = loaded.manifest.get("sharded")
+    sharded.check_engine(loaded.directory, saved, sharded.sharding_record(accelerator) if sharded.is_sharded_run(accelerator) else None)
+    if saved is not None:
+        sharded.check_sharded_state(loaded.directory, loaded.manifest, trainer.get_model(), trainer.optimizer, accelerator.process_index)
+
+
+def _load_model_and_optimizer(trainer: Trainer, loaded: state_checks.LoadedState) -> None:
+    """Load the weights; a sharded state's optimizer too (by every process, its own shards), and
+    a plain state's optimizer into a sharded run (each process keeping its shards of it)."""
+    if loaded.manifest.get("sharded") is not None:
+        model_files.registered_shards(trainer.model)  # after an evaluation, FSDP2 holds whole parameters
+        sharded.load(trainer.accelerator, trainer.model, trainer.optimizer, loaded.directory, loaded.manifest)
+        return
+    model_files.load_full_model_state(trainer.get_model(), loaded.model)  # sharded or not
+    optimizer_state = loaded.objects.get("optimizer.pt")
+    if sharded.is_sharded_run(trainer.accelerator) and optimizer_state is not None and trainer.optimizer is not None:
+        model_files.load_optimizer_state(trainer, optimizer_state)  # each process keeps its shards of it
+        del loaded.objects["optimizer.pt"]
 
 
 def _load_stateful_objects(trainer: Trainer, loaded: state_checks.LoadedState, resuming: bool) -> None:
@@ -591,6 +672,10 @@ class CheckpointMethods:
         run wait for it, and raise its ``CheckpointWriteError`` on every process if it failed.
         See docs/checkpoints.md, "Asynchronous training states".
 
+        Under FSDP, every process writes its shards of the model and optimizer (accelerate's
+        ``save_fsdp_model`` / ``save_fsdp_optimizer``), and ``asynchronous=True`` is refused;
+        see docs/checkpoints.md, "Sharded models (FSDP)".
+
         >>> import tempfile, torch
         >>> from pytorch_accelerated import Trainer
         >>> from torch import nn
@@ -628,7 +713,9 @@ class CheckpointMethods:
         taken: a newer one that is damaged or holds non-finite weights is skipped with a
         warning), or a directory written by pytorch-accelerated 0.1.x (``trainer_metadata.pt``;
         see :mod:`pytorch_accelerated.checkpoints.original_states`). Every file is checked
-        before anything is loaded, so a bad state changes nothing. To continue training from
+        before anything is loaded, so a bad state changes nothing. A state saved sharded under
+        FSDP loads only under the same FSDP configuration (on any number of processes); a plain
+        state loads under FSDP too (see :mod:`pytorch_accelerated.checkpoints.sharded`). To continue training from
         it, use ``train(..., resume_from=input_dir)``: it calls this method, so an override
         runs there too (inside ``train`` the state is restored as a resume, at its exact
         position; see :func:`resume_training`).

@@ -10,6 +10,8 @@
   very weights of the uninterrupted run.
 - ``save_checkpoint(save_per_node=True)`` writes the file on both nodes, ``False`` on node 0 only;
   the per-node file loads on each node.
+- The same in the background (``asynchronous=True``) fails at once the same way, rather than
+  waiting for node 1's files until the collective timeout.
 - A state saved asynchronously on each node is refused on both, before anything is written (its
   background publication needs a shared folder).
 """
@@ -80,6 +82,15 @@ def test_a_state_saved_by_the_main_process_only_fails_on_both_nodes_and_says_how
     for node in nodes:
         assert not any("state-main-only" in name for name in node["files"])  # nothing left behind
         assert not list(node["dir"].glob(".*"))  # no hidden temporary directory either
+
+
+def test_an_asynchronous_state_saved_by_the_main_process_only_fails_at_once_on_both_nodes(nodes: list[dict[str, Any]]) -> None:
+    node0, node1 = (node["default_asynchronous_save_error"] for node in nodes)
+    assert "process 1 failed to write it" in node0
+    assert "process 1 cannot see the directory" in node1 and "save_on_each_node = True" in node1
+    for node in nodes:
+        assert not any("state-main-only-async" in name for name in node["files"])
+        assert not list(node["dir"].glob(".*"))
 
 
 def test_each_node_holds_a_whole_state_and_resumes_from_its_own_directory(nodes: list[dict[str, Any]]) -> None:

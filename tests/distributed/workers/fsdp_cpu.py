@@ -1,5 +1,5 @@
 """FSDP on CPU processes (gloo), for the tests: accelerate enables FSDP only on accelerator
-devices (on a CPU group it silently runs DDP, see ``warn_if_fsdp_dropped``), but torch's
+devices (on a CPU group it silently runs DDP, see ``dropped_fsdp_message``), but torch's
 FSDP2 (``fully_shard``) runs on CPU tensors over gloo. ``FSDPOnCPUTrainer`` creates a real
 Accelerator with an FSDP plugin and then sets accelerate's process state to FSDP, so that
 accelerate's own FSDP code paths (``prepare``, ``clip_grad_norm_``, ``get_state_dict``,

@@ -62,6 +62,19 @@ def default_save_error() -> str:
     return ""
 
 
+def default_asynchronous_save_error() -> str:
+    """The error of a state saved in the background by the main process only, on nodes that
+    share nothing: it must fail at once, not wait for files that never arrive."""
+    trainer = new_trainer(Trainer, seed=0)
+    trainer.train(DATA, num_epochs=1, per_device_batch_size=4)
+    try:
+        trainer.save_training_state("checkpoints/state-main-only-async", asynchronous=True)
+        trainer.wait_for_training_state()
+    except OSError as error:
+        return str(error)
+    return ""
+
+
 def asynchronous_save_error(trainer: Trainer) -> str:
     """The error of a state saved in the background on each node (refused: it needs a shared folder)."""
     try:
@@ -74,6 +87,7 @@ def asynchronous_save_error(trainer: Trainer) -> str:
 def main() -> None:
     args = parse_args()
     result: dict[str, Any] = {"default_save_error": default_save_error()}
+    result["default_asynchronous_save_error"] = default_asynchronous_save_error()
     trained = new_trainer(PerNodeTrainer, seed=0, callbacks=(SaveMidEpoch(),))
     trained.train(DATA, num_epochs=2, per_device_batch_size=4)
     trained.save_checkpoint("checkpoints/per-node.pt", save_per_node=True)

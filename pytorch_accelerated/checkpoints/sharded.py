@@ -1,0 +1,293 @@
+"""Training states of sharded models (FSDP): the model and optimizer saved and loaded by every
+process, each its own shards, inside the layout of :mod:`.state_dirs`.
+
+Under accelerate's FSDP engine, :mod:`.trainer_io` writes everything else of a training state as
+usual (manifest, RNG files, trainer state, scheduler, scaler) and hands the model and optimizer
+to accelerate's ``save_fsdp_model`` / ``save_fsdp_optimizer`` (and ``load_fsdp_*``), which honour
+the plugin's ``state_dict_type`` and handle FSDP1 and FSDP2: with ``SHARDED_STATE_DICT`` they
+write ``torch.distributed.checkpoint`` (DCP) directories, one ``.distcp`` file per process and a
+``.metadata`` file::
+
+    step_500/
+        manifest.json                 "sharded": engine, FSDP version, state_dict_type, processes
+        pytorch_model_fsdp_0/         __0_0.distcp, __1_0.distcp, .metadata
+        optimizer_0/                  __0_0.distcp, __1_0.distcp, .metadata
+        trainer_state.pt, scheduler.pt, rng_state_<rank>.pt, ...
+
+(``FULL_STATE_DICT``: ``pytorch_model_fsdp.bin`` and ``optimizer.bin``, written by process 0.)
+Before anything is loaded, :func:`check_sharded_state` checks every file the manifest lists,
+reads each DCP ``.metadata`` with an unpickler that admits only DCP's own metadata classes, and
+checks the saved keys and shapes against the model and the optimizer. DCP reshards on load, so a
+sharded state resumes on another number of processes. A state saved without FSDP loads into a
+sharded model too (through :mod:`.model_files`, by the Trainer). Knows nothing of the Trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import DistributedType
+from accelerate.utils.constants import OPTIMIZER_NAME
+from torch import nn
+
+from . import files, state_checks
+
+#: The files of a plain training state whose content a sharded state holds in shards instead.
+PLAIN_FILES = ("model.pt", "optimizer.pt")
+
+
+class ShardedStateError(ValueError):
+    """A sharded training state, and a run whose configuration (no FSDP, another FSDP version or
+    ``state_dict_type``) cannot load it."""
+
+
+def is_sharded_run(accelerator: Any) -> bool:
+    """Whether ``accelerator`` shards the model and optimizer (accelerate's FSDP engine)."""
+    return bool(accelerator.distributed_type == DistributedType.FSDP)
+
+
+def sharding_record(accelerator: Any) -> dict[str, Any]:
+    """What the manifest records of a sharded state: the engine, FSDP version, the plugin's
+    ``state_dict_type`` and the number of processes that saved it."""
+    plugin = accelerator.state.fsdp_plugin
+    state_dict_type = plugin.state_dict_type
+    return {
+        "engine": "FSDP",
+        "fsdp_version": int(plugin.fsdp_version),
+        "state_dict_type": getattr(state_dict_type, "name", str(state_dict_type)),
+        "num_processes": accelerator.num_processes,
+    }
+
+
+def describe(record: dict[str, Any]) -> str:
+    return f"FSDP version {record['fsdp_version']} with state_dict_type={record['state_dict_type']}, on {record['num_processes']} process(es)"
+
+
+def check_can_save(accelerator: Any, output_dir: Path, asynchronous: bool, saves_on_each_node: bool) -> None:
+    """Refuse, before anything is written, a sharded save that cannot be done safely.
+
+    Raises:
+        ValueError: for ``asynchronous=True`` (DCP's collectives from a background thread could
+            deadlock with the training loop's), or for saving on each node (every process's
+            shards and DCP's metadata must land in one directory that every process sees).
+    """
+    if asynchronous:
+        raise ValueError(
+            f"Cannot save the training state {output_dir} asynchronously under FSDP: the sharded model and "
+            f"optimizer are written by every process together (torch.distributed.checkpoint's collective "
+            f"operations), which from a background thread could deadlock with the training loop's own. "
+            f"Save it with asynchronous=False (SaveTrainingStateCallback(..., asynchronous=False))."
+        )
+    if saves_on_each_node and accelerator.num_processes > 1:
+        raise ValueError(
+            f"Cannot save the sharded (FSDP) training state {output_dir} with accelerate's save_on_each_node: "
+            f"every process writes its shards into one directory, which needs a file system every process "
+            f"sees. Turn save_on_each_node off and save to a shared file system."
+        )
+
+
+def save_model(accelerator: Any, model: nn.Module, directory: Path) -> None:
+    """Write this process's shards of ``model`` into ``directory`` (every process must call this).
+
+    Raises:
+        files.CheckpointWriteError: naming ``directory`` and the OS error, when there was one.
+    """
+    from accelerate.utils.fsdp_utils import save_fsdp_model
+
+    with _write_errors(directory):
+        save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, str(directory))
+
+
+def save_optimizer(accelerator: Any, optimizer: Any, model: nn.Module, directory: Path) -> None:
+    """Write this process's shards of ``optimizer`` into ``directory`` (every process must call this)."""
+    from accelerate.utils.fsdp_utils import save_fsdp_optimizer
+
+    with _write_errors(directory):
+        save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, str(directory))
+
+
+@contextlib.contextmanager
+def _write_errors(directory: Path) -> Iterator[None]:
+    """Raise a failed write as :func:`files.write_failure` says; when DCP reports it (its
+    ``CheckpointException`` holds the exception of each process that failed, on every process),
+    as a ``CheckpointWriteError`` naming those processes and the OS error."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        yield
+    except (Exception, CheckpointException) as error:
+        failures: dict[int, Any] = getattr(error, "failures", None) or {}
+        for _, failure in sorted(failures.items()):
+            os_error = files.find_in_chain(failure[0] if isinstance(failure, tuple) else failure, OSError)
+            if os_error is not None:
+                reason = (os_error.strerror or str(os_error)) + (f" (errno {os_error.errno})" if os_error.errno else "")
+                message = f"{reason} while process {', '.join(map(str, sorted(failures)))} wrote its shards into {directory}"
+                raise files.CheckpointWriteError(os_error.errno, message, directory) from error
+        raise files.write_failure(error, directory) from error
+
+
+def load(accelerator: Any, model: nn.Module, optimizer: Any, directory: Path, manifest: dict[str, Any]) -> None:
+    """Load the shards of a state checked by :func:`check_sharded_state` into ``model`` and
+    ``optimizer`` (None, or a state saved without one: skipped); DCP reshards them when the
+    number of processes changed. Every process must call this."""
+    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer
+
+    plugin = accelerator.state.fsdp_plugin
+    load_fsdp_model(plugin, accelerator, model, str(directory))
+    if optimizer is not None and any(str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())):
+        load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
+
+
+def list_files(directory: Path) -> list[str]:
+    """Every file under ``directory``, as paths relative to it (DCP's ``.metadata`` included)."""
+    return sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
+
+
+def sync_files(directory: Path) -> None:
+    """Flush every file under ``directory`` (and the directories) to disk: accelerate writes
+    ``FULL_STATE_DICT`` files with a plain ``torch.save``; DCP flushes its own."""
+    for path in sorted(directory.rglob("*"), reverse=True):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
+    """Raise :class:`ShardedStateError` when a state saved sharded (``saved``, from its
+    manifest; None: saved plain) cannot be loaded by a run sharded as ``now`` (None: not sharded)."""
+    if saved is None:
+        return  # a plain state loads into a sharded model too (model_files.load_full_model_state)
+    if now is None:
+        full = saved["state_dict_type"] == "FULL_STATE_DICT"
+        plain = (
+            f"its {directory / 'pytorch_model_fsdp.bin'} holds the full model state dict (torch.load it)" if full else
+            f"convert the model's shards with torch.distributed.checkpoint.format_utils.dcp_to_torch_save("
+            f"{str(directory / 'pytorch_model_fsdp_0')!r}, ...)"
+        )  # fmt: skip
+        raise ShardedStateError(
+            f"{directory} is a sharded training state: it was saved under FSDP ({describe(saved)}), each process "
+            f"writing its own shards, and this Trainer does not use FSDP, so it cannot load them. Resume under the "
+            f"same FSDP configuration (accelerate's FSDP plugin with fsdp_version={saved['fsdp_version']} and "
+            f"state_dict_type={saved['state_dict_type']}). To get plain weights, call save_checkpoint under FSDP "
+            f"(it writes the full state dict), or {plain}."
+        )
+    for key in ("fsdp_version", "state_dict_type"):
+        if saved[key] != now[key]:
+            raise ShardedStateError(
+                f"{directory} was saved under FSDP with {key}={saved[key]!r}, but this run uses {key}={now[key]!r}: "
+                f"its files are in that configuration's layout. Resume with the same FSDP configuration ({describe(saved)})."
+            )
+    if saved["state_dict_type"] == "LOCAL_STATE_DICT" and saved["num_processes"] != now["num_processes"]:
+        raise ShardedStateError(
+            f"{directory} was saved with state_dict_type=LOCAL_STATE_DICT by {saved['num_processes']} process(es), "
+            f"and this run has {now['num_processes']}: local shards cannot be redistributed. Resume on "
+            f"{saved['num_processes']} process(es), or save with SHARDED_STATE_DICT, which reshards."
+        )
+
+
+def check_sharded_state(directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, rank: int) -> None:
+    """Check, before anything is loaded, every file of the sharded state ``directory`` that its
+    manifest lists: present, each DCP shard as long as its ``.metadata`` says, each ``.metadata``
+    holding only DCP's metadata, the model's keys and shapes, the optimizer's parameters.
+
+    Raises:
+        FileNotFoundError: a listed file is missing. state_checks.UnusableStateError: a file is
+            truncated or not DCP's. state_checks.StateMismatchError: the shards do not fit.
+    """
+    listed = [str(name) for name in manifest.get("files", ())]
+    missing = [name for name in listed if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} is missing {', '.join(missing)}: the state was changed after it was saved.")
+    for name in listed:
+        if Path(name).name == ".metadata":
+            metadata = read_dcp_metadata(directory / name)
+            _check_shard_lengths(directory / Path(name).parent, metadata)
+            _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
+    full_model = directory / "pytorch_model_fsdp.bin"
+    if full_model.is_file() and rank == 0:  # FULL_STATE_DICT: one file, loaded by process 0
+        state_checks.check_model_state(model, files.safe_torch_load(full_model), str(full_model))
+
+
+#: The classes a DCP ``.metadata`` file may name; anything else is refused before DCP unpickles it.
+_DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_OTHER_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                  ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module in _DCP_METADATA_MODULES or (module, name) in _OTHER_GLOBALS
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True
+        if not allowed:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of torch.distributed.checkpoint's metadata")
+        return super().find_class(module, name)
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """The DCP metadata in ``path``, read with an unpickler that admits only DCP's metadata
+    classes (DCP itself unpickles the file without restriction).
+
+    Raises:
+        state_checks.UnusableStateError: naming the file, when it is damaged or names other objects.
+    """
+    try:
+        with open(path, "rb") as file:
+            metadata = _MetadataUnpickler(file).load()
+    except pickle.UnpicklingError as error:
+        raise state_checks.UnusableStateError(
+            f"{path} is not torch.distributed.checkpoint's metadata: {error}. It was refused unread, since "
+            f"unpickling it could run code; the state was changed after it was saved."
+        ) from error
+    except Exception as error:  # EOFError, ValueError, ...: cut short or damaged
+        raise state_checks.UnusableStateError(f"{path} is truncated or corrupt ({type(error).__name__}: {error}).") from error
+    if not hasattr(metadata, "state_dict_metadata") or not hasattr(metadata, "storage_data"):
+        raise state_checks.UnusableStateError(f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint's metadata.")
+    return metadata
+
+
+def _check_shard_lengths(directory: Path, metadata: Any) -> None:
+    """Every shard file at least as long as the data the metadata places in it."""
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), int(info.offset) + int(info.length))
+    for name, length in sorted(needed.items()):
+        path = directory / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{directory} is missing the shard {name} that its .metadata lists.")
+        if path.stat().st_size < length:
+            raise state_checks.UnusableStateError(
+                f"{path} is truncated or corrupt ({path.stat().st_size} bytes, the metadata places {length} bytes in it)."
+            )
+
+
+def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimizer: Any) -> None:
+    """The saved model's keys and shapes fit ``model``; the saved optimizer state names only
+    ``model``'s parameters, in as many parameter groups as ``optimizer`` has."""
+    entries = metadata.state_dict_metadata
+    if any(key.startswith("model.") for key in entries):
+        shapes = {key[len("model."):]: torch.empty(tuple(value.size), device="meta") for key, value in entries.items() if key.startswith("model.")}
+        state_checks.check_model_state(model, shapes, str(directory))
+    if optimizer is None or not any(key.startswith("optimizer.") for key in entries):
+        return
+    names = {name for name, _ in model.named_parameters()}
+    saved = {key[len("optimizer.state."):].rsplit(".", 1)[0] for key in entries if key.startswith("optimizer.state.")}
+    groups = {key.split(".")[2] for key in entries if key.startswith("optimizer.param_groups.")}
+    unknown = sorted(saved - names)
+    if unknown or len(groups) != len(optimizer.param_groups):
+        raise state_checks.StateMismatchError(
+            f"{directory} does not fit this optimizer: it holds {len(groups)} parameter group(s), the optimizer has "
+            f"{len(optimizer.param_groups)}" + (f"; state for parameters the model does not have: {', '.join(unknown[:5])}" if unknown else "")
+            + ". Was it saved with another model or optimizer?"
+        )
