@@ -69,6 +69,7 @@ class CSVTracker(GeneralTracker):
         self.directory = Path(logging_dir) / run_name
         self.resume_step = resume_step
         self._file: Any = None
+        self._writer: Any = None  # one csv.writer on the open file, kept for the run
 
     @property
     def path(self) -> Path:
@@ -84,8 +85,9 @@ class CSVTracker(GeneralTracker):
             self._keep_rows_before(self.resume_step)
         new = not self.path.exists() or self.path.stat().st_size == 0
         self._file = open(self.path, "a", newline="")  # noqa: SIM115 (closed by finish)
+        self._writer = csv.writer(self._file)
         if new:
-            csv.writer(self._file).writerow(["step", "name", "value"])
+            self._writer.writerow(["step", "name", "value"])
             self._file.flush()
 
     def _keep_rows_before(self, step: int) -> None:
@@ -105,9 +107,9 @@ class CSVTracker(GeneralTracker):
         os.replace(partial, self.directory / "hparams.json")
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        writer = csv.writer(self._file)
-        for name, value in values.items():
-            writer.writerow([step, name, repr(float(value))])
+        """Append one row per value, all in one write, then flush once: a reader of the file
+        sees whole points (``flush()``, before a training state is published, also syncs)."""
+        self._writer.writerows([(step, name, repr(float(value))) for name, value in values.items()])
         self._file.flush()
 
     def flush(self) -> None:
@@ -119,7 +121,7 @@ class CSVTracker(GeneralTracker):
         if self._file is not None:
             self.flush()
             self._file.close()
-            self._file = None
+            self._file = self._writer = None
 
 
 class LocalMLflowTracker(MLflowTracker):
