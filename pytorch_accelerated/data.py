@@ -106,11 +106,11 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         self.num_real_batches = min(self.num_batches, len(self.indices))
 
     def __iter__(self) -> Iterator[list[int]]:
-        start = 0
+        start, count = 0, len(self.indices)
         for batch_number in range(self.num_real_batches):
             batches_after = self.num_real_batches - batch_number - 1
             # Leave at least one sample for each batch still to come, so none is empty.
-            size = min(self.batch_size, len(self.indices) - start - batches_after)
+            size = min(self.batch_size, count - start - batches_after)
             yield list(self.indices[start : start + size])
             start += size
         padding = self.indices[0] if self.indices else 0
@@ -151,9 +151,17 @@ class DeviceDataLoader:
 
     def _to_device(self, batch: Any) -> Any:
         """accelerate's ``send_to_device``, with a shortcut for the usual batch (a tuple or list
-        of tensors) that saves a few microseconds per batch (docs/benchmarks.md, evaluation)."""
-        if type(batch) in (tuple, list) and all(type(item) is torch.Tensor for item in batch):
-            return type(batch)([item.to(self.device, non_blocking=self.non_blocking) for item in batch])
+        of tensors) that saves a few microseconds per batch (docs/benchmarks.md, evaluation):
+        a tensor already on the device is kept, as ``.to()`` would return it, without the call."""
+        kind = type(batch)
+        if kind is tuple or kind is list:
+            device, moved = self.device, []
+            for item in batch:
+                if type(item) is not torch.Tensor:
+                    break  # something else inside: send_to_device knows what to do with it
+                moved.append(item if item.device == device else item.to(device, non_blocking=self.non_blocking))
+            else:
+                return moved if kind is list else tuple(moved)
         return send_to_device(batch, self.device, non_blocking=self.non_blocking)
 
 

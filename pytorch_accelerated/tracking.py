@@ -235,7 +235,8 @@ class LossTracker:
 
     def update(self, loss_batch_value: Any, batch_size: Any = 1) -> None:
         """Add a batch whose mean loss is ``loss_batch_value`` over ``batch_size`` items."""
-        if isinstance(loss_batch_value, torch.Tensor):
+        # (A loss computed under no_grad, as in evaluation, has no graph: no detached copy needed.)
+        if isinstance(loss_batch_value, torch.Tensor) and loss_batch_value.requires_grad:
             loss_batch_value = loss_batch_value.detach()
         self.loss_value = loss_batch_value
         if isinstance(self.running_total, torch.Tensor) and isinstance(batch_size, (int, float)):

@@ -147,9 +147,11 @@ class ProcessUtilities:
 
     def _eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
+        real = None
         try:
             for number, batch in enumerate(loader):
-                real = getattr(loader, "num_real_batches", None)
+                if real is None:  # a stream's loader knows it only at its end; then it stays
+                    real = getattr(loader, "num_real_batches", None)
                 self._eval_batch_is_padding = real is not None and number >= real
                 yield batch
         finally:

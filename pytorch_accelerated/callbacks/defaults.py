@@ -184,7 +184,9 @@ class _EpochCounts:
     def add_batch(self, batch_output: Any) -> None:
         self.batches += 1
         size = batch_output.get("batch_size") if isinstance(batch_output, dict) else None
-        if isinstance(size, numbers.Integral):  # a tensor would need a host read: not counted
+        if type(size) is int:  # the usual case, without the slower check of an ABC below
+            self.samples += size
+        elif isinstance(size, numbers.Integral):  # a tensor would need a host read: not counted
             self.samples += int(size)
 
     def elapsed(self) -> float:
