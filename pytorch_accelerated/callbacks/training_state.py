@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._internal.accelerate_support import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
@@ -119,7 +120,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._stopped_by_signal = False
         self._saved_at = self._saved_dir = None
         self._eval_steps = 0
-        if self.asynchronous and sharded.is_sharded_run(trainer.accelerator):  # refused now, not at the first save
+        if self.asynchronous and uses_fsdp(trainer.accelerator):  # refused now, not at the first save
             sharded.check_can_save(trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False)
         self._install(trainer)
 

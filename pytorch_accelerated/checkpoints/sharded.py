@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import DistributedType
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
+from .._internal.accelerate_support import uses_fsdp
 from . import files, state_checks
 
 #: The files of a plain training state whose content a sharded state holds in shards instead.
@@ -47,14 +47,12 @@ class ShardedStateError(ValueError):
     ``state_dict_type``) cannot load it."""
 
 
-def is_sharded_run(accelerator: Any) -> bool:
-    """Whether ``accelerator`` shards the model and optimizer (accelerate's FSDP engine)."""
-    return bool(accelerator.distributed_type == DistributedType.FSDP)
-
-
-def sharding_record(accelerator: Any) -> dict[str, Any]:
+def sharding_record(accelerator: Any) -> dict[str, Any] | None:
     """What the manifest records of a sharded state: the engine, FSDP version, the plugin's
-    ``state_dict_type`` and the number of processes that saved it."""
+    ``state_dict_type`` and the number of processes that saved it; None when the run is not
+    sharded (not under accelerate's FSDP engine)."""
+    if not uses_fsdp(accelerator):
+        return None
     plugin = accelerator.state.fsdp_plugin
     state_dict_type = plugin.state_dict_type
     return {

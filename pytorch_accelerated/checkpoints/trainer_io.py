@@ -24,7 +24,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from .._internal.accelerate_support import collective_timeout_s
+from .._internal.accelerate_support import collective_timeout_s, uses_fsdp
 from .._internal.hangs import signal_grace_s
 from ..data import batches_per_epoch, is_map_style
 from . import (
@@ -54,14 +54,15 @@ def save_training_state(
     for a state still being written in the background, raising its error if it failed."""
     wait_for_training_state(trainer)
     output_dir = Path(output_dir)
-    if sharded.is_sharded_run(trainer.accelerator):  # every process writes its shards (see .sharded)
-        sharded.check_can_save(trainer.accelerator, output_dir, asynchronous, collective_saves.saves_on_each_node(trainer.accelerator))
+    accelerator = trainer.accelerator
+    if uses_fsdp(accelerator):  # every process writes its shards (see .sharded)
+        sharded.check_can_save(accelerator, output_dir, asynchronous, collective_saves.saves_on_each_node(accelerator))
     finite.check_finite_before_save(trainer, None, f"the training state {str(output_dir)!r}")
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     position = _position_to_save(trainer)
     model_state: dict[str, Any] | None = None  # a sharded model: every process writes its shards instead
-    if not sharded.is_sharded_run(trainer.accelerator):  # the plain model's keys, also for a torch.compile'd model
-        model_state = state_checks.without_compile_prefix(trainer.accelerator.get_state_dict(trainer.model))
+    if not uses_fsdp(accelerator):  # the plain model's keys, also for a torch.compile'd model
+        model_state = state_checks.without_compile_prefix(accelerator.get_state_dict(trainer.model))
     write = _start_background_save if asynchronous else _write_training_state
     try:
         write(trainer, output_dir, position, model_state, extra)
@@ -105,7 +106,7 @@ def _write_shards(trainer: Trainer, temporary: Path, output_dir: Path) -> None:
 
 def _publish(trainer: Trainer, temporary: Path, output_dir: Path, position: dict[str, int], contents: dict[str, Any]) -> None:
     """Write the manifest, listing every file of the state, then publish it (the main process)."""
-    if sharded.is_sharded_run(trainer.accelerator):  # every process's shards, DCP's .metadata too
+    if uses_fsdp(trainer.accelerator):  # every process's shards, DCP's .metadata too
         sharded.sync_files(temporary)
         names = sharded.list_files(temporary)
     elif collective_saves.saves_on_each_node(trainer.accelerator):  # a node's own processes' files only
@@ -126,7 +127,8 @@ def _state_files(trainer: Trainer, position: dict[str, int], model_state: dict[s
     contents: dict[str, Any] = {f"rng_state_{accelerator.process_index}.pt": own}
     if collective_saves.writes_shared_files(accelerator):
         skipped = sharded.PLAIN_FILES if model_state is None else ()
-        contents.update({} if model_state is None else {"model.pt": model_state})
+        if model_state is not None:
+            contents["model.pt"] = model_state
         contents.update((name, obj.state_dict()) for name, obj in _stateful_objects(trainer) if obj is not None and name not in skipped)
         contents["trainer_state.pt"] = _trainer_state(trainer, position, extra)
     return contents
@@ -247,6 +249,7 @@ def _stateful_objects(trainer: Trainer) -> tuple[tuple[str, Any], ...]:
 def _manifest(trainer: Trainer, position: dict[str, int], file_names: list[str]) -> dict[str, Any]:
     config = trainer.run_config
     loader = trainer.train_dataloader
+    record = sharded.sharding_record(trainer.accelerator)
     return {
         **position,
         "files": file_names,
@@ -255,7 +258,7 @@ def _manifest(trainer: Trainer, position: dict[str, int], file_names: list[str])
         "per_device_batch_size": config.train_per_device_batch_size if config else None,
         "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
         "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
-        **({"sharded": sharded.sharding_record(trainer.accelerator)} if sharded.is_sharded_run(trainer.accelerator) else {}),
+        **({"sharded": record} if record is not None else {}),  # how a sharded state was sharded
     }
 
 
@@ -393,7 +396,7 @@ def _check_sharding(trainer: Trainer, loaded: state_checks.LoadedState) -> None:
     checked (see :mod:`.sharded`); a plain state loads anywhere."""
     accelerator = trainer.accelerator
     saved = loaded.manifest.get("sharded")
-    sharded.check_engine(loaded.directory, saved, sharded.sharding_record(accelerator) if sharded.is_sharded_run(accelerator) else None)
+    sharded.check_engine(loaded.directory, saved, sharded.sharding_record(accelerator))
     if saved is not None:
         sharded.check_sharded_state(loaded.directory, loaded.manifest, trainer.get_model(), trainer.optimizer, accelerator.process_index)
 
@@ -407,7 +410,7 @@ def _load_model_and_optimizer(trainer: Trainer, loaded: state_checks.LoadedState
         return
     model_files.load_full_model_state(trainer.get_model(), loaded.model)  # sharded or not
     optimizer_state = loaded.objects.get("optimizer.pt")
-    if sharded.is_sharded_run(trainer.accelerator) and optimizer_state is not None and trainer.optimizer is not None:
+    if uses_fsdp(trainer.accelerator) and optimizer_state is not None and trainer.optimizer is not None:
         model_files.load_optimizer_state(trainer, optimizer_state)  # each process keeps its shards of it
         del loaded.objects["optimizer.pt"]
 
