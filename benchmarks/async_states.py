@@ -85,14 +85,18 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write the states (default: a temporary folder)")
     args = parser.parse_args()
     params = args.layers * (args.width * args.width + args.width)
-    print(f"model: {params / 1e6:.1f}M parameters, optimizer {args.optimizer}, a save every {args.save_every} updates")
+    print(
+        f"model: {params / 1e6:.1f}M parameters, optimizer {args.optimizer}, a save every {args.save_every} updates"
+    )
     results = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for mode in ("sync", "async"):
             results[mode] = run(args, mode == "async", Path(folder) / mode)
             figures = results[mode]
-            print(f"{mode:5s}: blocked per save {figures['blocked'] * 1e3:8.1f} ms (median of {args.saves}), "
-                  f"wait at the end {figures['end_wait'] * 1e3:8.1f} ms, whole run {figures['total']:6.1f} s")
+            print(
+                f"{mode:5s}: blocked per save {figures['blocked'] * 1e3:8.1f} ms (median of {args.saves}), "
+                f"wait at the end {figures['end_wait'] * 1e3:8.1f} ms, whole run {figures['total']:6.1f} s"
+            )
     ratio = results["async"]["blocked"] / results["sync"]["blocked"]
     print(f"RATIO async_blocked_per_save/sync_blocked_per_save = {ratio:.3f}")
 

@@ -76,7 +76,9 @@ def _accelerator(mixed_precision: str, init_scale: float = 2.0**16) -> Accelerat
     """A fresh Accelerator with this precision (accelerate keeps the first one's otherwise)."""
     AcceleratorState._reset_state()
     if mixed_precision != "fp16" or not CPU_DRY_RUN:
-        return Accelerator(mixed_precision=mixed_precision, kwargs_handlers=[GradScalerKwargs(init_scale=init_scale)])
+        return Accelerator(
+            mixed_precision=mixed_precision, kwargs_handlers=[GradScalerKwargs(init_scale=init_scale)]
+        )
     accelerator = Accelerator(mixed_precision="fp16")
     accelerator.scaler, accelerator.native_amp = torch.amp.GradScaler("cpu", init_scale=init_scale), True
     return accelerator
@@ -101,7 +103,9 @@ def _trainer(mixed_precision: str, callbacks: Any = (), init_scale: float = 2.0*
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return type("PrecisionTrainer", (_PrecisionTrainer,), settings)(model, nn.MSELoss(), optimizer, callbacks=callbacks)
+    return type("PrecisionTrainer", (_PrecisionTrainer,), settings)(
+        model, nn.MSELoss(), optimizer, callbacks=callbacks
+    )
 
 
 def _data(num_samples: int, seed: int) -> TensorDataset:
@@ -114,7 +118,9 @@ class _UpdateRecorder(TrainerCallback):
     def __init__(self) -> None:
         self.announced: list[tuple[int, int]] = []  # (global_step, epoch_step) at each announced update
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step:
             self.announced.append((trainer.progress.global_step, trainer.progress.epoch_step))
 
@@ -125,13 +131,21 @@ def fp16_matches_fp32_with_accumulation_and_clipping() -> dict[str, Any]:
     for precision in ("no", "fp16"):
         trainer = _trainer(precision)
         trainer.train(
-            _data(2048, 0), num_epochs=3, eval_dataset=_data(512, 1), per_device_batch_size=64,
-            gradient_accumulation_steps=2, max_grad_norm=1.0,
+            _data(2048, 0),
+            num_epochs=3,
+            eval_dataset=_data(512, 1),
+            per_device_batch_size=64,
+            gradient_accumulation_steps=2,
+            max_grad_norm=1.0,
         )
         history = trainer.run_history
-        losses[precision] = history.get_metric_values("train_loss_epoch") + history.get_metric_values("eval_loss_epoch")
+        losses[precision] = history.get_metric_values("train_loss_epoch") + history.get_metric_values(
+            "eval_loss_epoch"
+        )
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["fp16"], losses["no"], strict=True))
-    assert worst <= 0.05, f"fp16 losses {losses['fp16']} differ from fp32's {losses['no']} by up to {worst:.1%}"
+    assert worst <= 0.05, (
+        f"fp16 losses {losses['fp16']} differ from fp32's {losses['no']} by up to {worst:.1%}"
+    )
     assert losses["fp16"][2] < losses["fp16"][0], f"fp16 did not train: {losses['fp16']}"
     return {"losses": losses, "worst_relative_difference": worst}
 
@@ -141,16 +155,27 @@ def fp16_overflow_skip_advances_no_counter() -> dict[str, Any]:
     recorder = _UpdateRecorder()
     trainer = _trainer("fp16", callbacks=[recorder], init_scale=2.0**20)
     trainer.train(
-        _data(512, 0), num_epochs=1, per_device_batch_size=16, gradient_accumulation_steps=2, max_grad_norm=1.0,
+        _data(512, 0),
+        num_epochs=1,
+        per_device_batch_size=16,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
         create_scheduler_fn=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
     )
     skipped = trainer.skipped_updates
     windows = math.ceil(512 / 16 / 2)
     progress, scheduler = trainer.progress, trainer.scheduler
-    numbers = {"windows": windows, "skipped": skipped, "global_step": progress.global_step,
-               "scheduler_steps": scheduler.last_epoch, "final_scale": trainer.accelerator.scaler.get_scale()}
+    numbers = {
+        "windows": windows,
+        "skipped": skipped,
+        "global_step": progress.global_step,
+        "scheduler_steps": scheduler.last_epoch,
+        "final_scale": trainer.accelerator.scaler.get_scale(),
+    }
     assert 1 <= skipped < windows, f"the scaler skipped no update, or every one: {numbers}"
-    assert progress.global_step == windows - skipped == scheduler.last_epoch, f"a skipped update was counted: {numbers}"
+    assert progress.global_step == windows - skipped == scheduler.last_epoch, (
+        f"a skipped update was counted: {numbers}"
+    )
     expected = [(step, step) for step in range(1, progress.global_step + 1)]  # each once, epoch_step alike
     assert recorder.announced == expected, f"update steps announced: {recorder.announced}"
     return numbers
@@ -180,7 +205,9 @@ def async_state_equals_sync_and_blocks_at_most_a_fifth() -> dict[str, Any]:
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(4096, 4096) for _ in range(6)))
     trainer = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-5), callbacks=())
-    trainer.train(TensorDataset(torch.randn(16, 4096), torch.randn(16, 4096)), num_epochs=1, per_device_batch_size=4)
+    trainer.train(
+        TensorDataset(torch.randn(16, 4096), torch.randn(16, 4096)), num_epochs=1, per_device_batch_size=4
+    )
     blocked: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         for mode in ("sync", "async"):
@@ -189,11 +216,19 @@ def async_state_equals_sync_and_blocks_at_most_a_fifth() -> dict[str, Any]:
             blocked[mode] = time.perf_counter() - start
         trainer.wait_for_training_state()
         names = sorted(path.name for path in Path(folder, "sync").iterdir() if path.suffix == ".pt")
-        different = [name for name in names if not _same(safe_torch_load(Path(folder, "sync", name)), safe_torch_load(Path(folder, "async", name)))]
+        different = [
+            name
+            for name in names
+            if not _same(
+                safe_torch_load(Path(folder, "sync", name)), safe_torch_load(Path(folder, "async", name))
+            )
+        ]
     ratio = blocked["async"] / blocked["sync"]
     numbers = {"blocked_s": blocked, "ratio": ratio, "files": names}
     assert not different, f"the asynchronous state differs from the synchronous one in {different}: {numbers}"
-    assert ratio <= 0.2, f"an asynchronous save blocked the loop {ratio:.2f}x as long as a synchronous one: {numbers}"
+    assert ratio <= 0.2, (
+        f"an asynchronous save blocked the loop {ratio:.2f}x as long as a synchronous one: {numbers}"
+    )
     return numbers
 
 
@@ -206,7 +241,9 @@ class _Blocks(nn.Module):
     def __init__(self, width: int = 1024, depth: int = 6) -> None:
         super().__init__()
         self.embed, self.head = nn.Linear(64, width), nn.Linear(width, 1)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()) for _ in range(depth)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
@@ -235,8 +272,10 @@ def _compiled_run(how: str) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {
-        "first_epoch_s": round(first_epoch_s, 3), "later_epoch_s": round((time.perf_counter() - start) / 2, 3),
-        "graphs_after_epoch_1": graphs, "graphs_added_later": counters["stats"]["unique_graphs"] - graphs,
+        "first_epoch_s": round(first_epoch_s, 3),
+        "later_epoch_s": round((time.perf_counter() - start) / 2, 3),
+        "graphs_after_epoch_1": graphs,
+        "graphs_added_later": counters["stats"]["unique_graphs"] - graphs,
         "eval_loss": trainer.run_history.get_latest_metric("eval_loss_epoch"),
     }
 
@@ -249,7 +288,9 @@ def compiled_models_train_like_eager_without_recompiling() -> dict[str, Any]:
     runs = {how: _compiled_run(how) for how in ("eager", "whole", "regions")}
     for how in ("whole", "regions"):
         assert runs[how]["graphs_added_later"] == 0, f"{how}: recompiled after the first epoch: {runs}"
-        assert math.isclose(runs[how]["eval_loss"], runs["eager"]["eval_loss"], rel_tol=0.05), f"{how}: loss differs: {runs}"
+        assert math.isclose(runs[how]["eval_loss"], runs["eager"]["eval_loss"], rel_tol=0.05), (
+            f"{how}: loss differs: {runs}"
+        )
     return runs
 
 
@@ -262,7 +303,11 @@ def _fsdp_trainer(fsdp: bool) -> Trainer:
     class FSDPTrainer(Trainer):
         def _create_accelerator(self) -> Accelerator:
             AcceleratorState._reset_state(reset_partial_state=True)
-            plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False) if fsdp else None
+            plugin = (
+                FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False)
+                if fsdp
+                else None
+            )
             return Accelerator(fsdp_plugin=plugin)
 
     model = _fsdp_model()
@@ -290,7 +335,12 @@ def _fsdp_run(fsdp: bool, save_path: Path) -> dict[str, Any]:
     history = trainer.run_history
     engine = str(trainer.accelerator.distributed_type)
     sharded = [type(p.data).__name__ for group in trainer.optimizer.param_groups for p in group["params"]]  # type: ignore[union-attr]
-    return {"engine": engine, "sharded": sharded, "losses": history.get_metric_values("train_loss_epoch") + history.get_metric_values("eval_loss_epoch")}
+    return {
+        "engine": engine,
+        "sharded": sharded,
+        "losses": history.get_metric_values("train_loss_epoch")
+        + history.get_metric_values("eval_loss_epoch"),
+    }
 
 
 @gpu_check
@@ -304,7 +354,13 @@ def fsdp2_on_a_gpu_trains_like_without_it_and_saves_full_states() -> dict[str, A
         return {"note": "not run on the CPU: accelerate enables FSDP only on GPUs"}
     folder = Path(tempfile.mkdtemp())
     plain = _fsdp_run(False, folder / "plain.pt")
-    launched = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
+    launched = {
+        "LOCAL_RANK": "0",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": _free_port(),
+    }
     os.environ.update(launched)
     try:
         sharded = _fsdp_run(True, folder / "fsdp.pt")
@@ -323,7 +379,9 @@ def fsdp2_on_a_gpu_trains_like_without_it_and_saves_full_states() -> dict[str, A
         model.load_state_dict(files[name]["model_state_dict"])
         torch.optim.AdamW(model.parameters()).load_state_dict(files[name]["optimizer_state_dict"])
     for key, value in files["plain"]["model_state_dict"].items():
-        torch.testing.assert_close(files["fsdp"]["model_state_dict"][key].cpu(), value.cpu(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            files["fsdp"]["model_state_dict"][key].cpu(), value.cpu(), rtol=1e-4, atol=1e-4
+        )
     return {"plain": plain, "fsdp2": sharded, "worst_loss_difference": worst}
 
 
@@ -340,7 +398,11 @@ def run_checks(names: list[str]) -> dict[str, dict[str, Any]]:
             try:
                 results[name] = {"status": "passed", **CHECKS[name]()}
             except Exception as error:  # noqa: BLE001 - reported, and the exit status says so
-                results[name] = {"status": "failed", "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
+                results[name] = {
+                    "status": "failed",
+                    "error": f"{type(error).__name__}: {error}",
+                    "trace": traceback.format_exc(),
+                }
             results[name]["seconds"] = round(time.perf_counter() - start, 2)
         print(f"{name}: {json.dumps(results[name], default=str)}", flush=True)
     return results
@@ -357,8 +419,15 @@ def main() -> int:
     results = run_checks(args.only)
     if args.json_out:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        args.json_out.write_text(json.dumps({"device": device, "torch": torch.__version__, "results": results}, indent=2, default=str))
-    counts = {status: sum(r["status"] == status for r in results.values()) for status in ("passed", "failed", "skipped")}
+        args.json_out.write_text(
+            json.dumps(
+                {"device": device, "torch": torch.__version__, "results": results}, indent=2, default=str
+            )
+        )
+    counts = {
+        status: sum(r["status"] == status for r in results.values())
+        for status in ("passed", "failed", "skipped")
+    }
     print(f"GPU_CHECKS passed={counts['passed']} failed={counts['failed']} skipped={counts['skipped']}")
     return 1 if counts["failed"] else 0
 

@@ -109,7 +109,9 @@ def default_device() -> torch.device:
 
 
 def seeded_loader(data: TensorDataset, batch_size: int) -> DataLoader:
-    return DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    return DataLoader(
+        data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(SEED)
+    )
 
 
 def plain_loop(data: TensorDataset, batch_size: int, num_epochs: int, clock: Clock) -> tuple[float, int]:
@@ -188,7 +190,11 @@ RATIOS = (("trainer_default_callbacks", "plain"), ("trainer_tracking_every_50", 
 
 @contextlib.contextmanager
 def output_silenced() -> Iterator[None]:
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+    with (
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+        contextlib.redirect_stderr(devnull),
+    ):
         yield
 
 
@@ -198,11 +204,15 @@ def time_run(name: str, data: TensorDataset, batch_size: int, num_epochs: int, c
         seconds, steps = LOOPS[name](data, batch_size, num_epochs, clock)
     expected = num_epochs * len(seeded_loader(data, batch_size))
     if steps != expected:
-        raise RuntimeError(f"{name} made {steps} optimizer steps in {num_epochs} epochs, expected {expected}.")
+        raise RuntimeError(
+            f"{name} made {steps} optimizer steps in {num_epochs} epochs, expected {expected}."
+        )
     return seconds
 
 
-def measure(args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, int], clock: Clock) -> dict[str, list[float]]:
+def measure(
+    args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, int], clock: Clock
+) -> dict[str, list[float]]:
     """Per-step seconds of every loop in every round: (t_long - t_short) / extra steps."""
     short_epochs, long_epochs = epochs
     extra_steps = (long_epochs - short_epochs) * len(seeded_loader(data, args.batch_size))
@@ -221,20 +231,35 @@ def measure(args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, in
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=1024,
-                        help="optimizer steps in the long run beyond the short one (rounded up to whole epochs)")
-    parser.add_argument("--repeats", type=int, default=15, help="interleaved measurement rounds (medians are reported)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=1024,
+        help="optimizer steps in the long run beyond the short one (rounded up to whole epochs)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="interleaved measurement rounds (medians are reported)"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dataset-size", type=int, default=1024, help="samples in the training set")
     parser.add_argument("--short-epochs", type=int, default=1, help="epochs in the short run")
     parser.add_argument(
-        "--clock", choices=("auto", "cpu", "wall"), default="auto",
+        "--clock",
+        choices=("auto", "cpu", "wall"),
+        default="auto",
         help="cpu: this process's CPU time, steadier on a shared machine but blind to time spent "
-             "waiting for an accelerator; wall: elapsed time; auto: cpu on a CPU device, else wall",
+        "waiting for an accelerator; wall: elapsed time; auto: cpu on a CPU device, else wall",
     )
-    parser.add_argument("--loops", nargs="+", choices=list(LOOPS), default=list(LOOPS),
-                        help="the loops to measure (plain is always measured)")
-    parser.add_argument("--json-out", type=Path, default=None, help="also write every measurement to this file")
+    parser.add_argument(
+        "--loops",
+        nargs="+",
+        choices=list(LOOPS),
+        default=list(LOOPS),
+        help="the loops to measure (plain is always measured)",
+    )
+    parser.add_argument(
+        "--json-out", type=Path, default=None, help="also write every measurement to this file"
+    )
     args = parser.parse_args()
     for option in ("steps", "repeats", "batch_size", "dataset_size", "short_epochs"):
         if getattr(args, option) < 1:
@@ -275,11 +300,21 @@ def main() -> None:
         )
     if args.json_out is not None:
         report = {
-            "config": {**vars(args), "json_out": str(args.json_out), "steps_per_epoch": steps_per_epoch,
-                       "measured_steps": extra_epochs * steps_per_epoch, "epochs": list(epochs)},
-            "environment": {"torch": torch.__version__, "accelerate": accelerate.__version__,
-                            "python": platform.python_version(), "device": str(device),
-                            "torch_threads": torch.get_num_threads(), "clock": clock_name},
+            "config": {
+                **vars(args),
+                "json_out": str(args.json_out),
+                "steps_per_epoch": steps_per_epoch,
+                "measured_steps": extra_epochs * steps_per_epoch,
+                "epochs": list(epochs),
+            },
+            "environment": {
+                "torch": torch.__version__,
+                "accelerate": accelerate.__version__,
+                "python": platform.python_version(),
+                "device": str(device),
+                "torch_threads": torch.get_num_threads(),
+                "clock": clock_name,
+            },
             "seconds_per_step": per_step,
             "median_seconds_per_step": median,
             "ratio_to_plain": ratio,
@@ -288,7 +323,9 @@ def main() -> None:
     print()
     for name, reference in RATIOS:
         if name in per_step and reference in per_step:
-            paired = statistics.median(t / r for t, r in zip(per_step[name], per_step[reference], strict=True))
+            paired = statistics.median(
+                t / r for t, r in zip(per_step[name], per_step[reference], strict=True)
+            )
             digits = 2 if reference == "plain" else 3  # the goal against no logging is 2%
             print(f"RATIO {name}/{reference} = {paired:.{digits}f}")
 

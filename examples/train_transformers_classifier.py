@@ -124,7 +124,11 @@ class TransformersTrainer(Trainer):
     def calculate_eval_batch_loss(self, batch):
         with torch.no_grad():
             outputs = self.model(**batch)
-        return {"loss": outputs.loss, "model_outputs": outputs.logits, "batch_size": batch["input_ids"].size(0)}
+        return {
+            "loss": outputs.loss,
+            "model_outputs": outputs.logits,
+            "batch_size": batch["input_ids"].size(0),
+        }
 
 
 class AccuracyCallback(TrainerCallback):

@@ -159,7 +159,9 @@ class DeviceDataLoader:
             for item in batch:
                 if type(item) is not torch.Tensor:
                     break  # something else inside: send_to_device knows what to do with it
-                moved.append(item if item.device == device else item.to(device, non_blocking=self.non_blocking))
+                moved.append(
+                    item if item.device == device else item.to(device, non_blocking=self.non_blocking)
+                )
             else:
                 return moved if kind is list else tuple(moved)
         return send_to_device(batch, self.device, non_blocking=self.non_blocking)
@@ -175,7 +177,13 @@ class ShardedStreamLoader(DeviceDataLoader):
     have the same number; ``num_real_batches`` is set once the end is seen.
     """
 
-    def __init__(self, dataloader: torch.utils.data.DataLoader, device: torch.device, num_processes: int, process_index: int) -> None:
+    def __init__(
+        self,
+        dataloader: torch.utils.data.DataLoader,
+        device: torch.device,
+        num_processes: int,
+        process_index: int,
+    ) -> None:
         super().__init__(dataloader, device)
         self.num_processes, self.process_index = num_processes, process_index
         self._real_batches: int | None = None
@@ -212,7 +220,9 @@ def prepare_eval_dataloader(accelerator: Accelerator, dataloader: Any) -> Any:
     if isinstance(dataloader.batch_sampler, ShardedEvalBatchSampler):
         return DeviceDataLoader(dataloader, accelerator.device)
     if isinstance(dataloader.dataset, IterableDataset):
-        return ShardedStreamLoader(dataloader, accelerator.device, accelerator.num_processes, accelerator.process_index)
+        return ShardedStreamLoader(
+            dataloader, accelerator.device, accelerator.num_processes, accelerator.process_index
+        )
     return accelerator.prepare(dataloader)
 
 
@@ -236,8 +246,10 @@ def check_stream_gave_batches(batches_done: int, dataset: Any) -> None:
 
 
 def is_map_style(dataset: Any) -> bool:
-    return isinstance(dataset, Dataset) and hasattr(dataset, "__len__") and not isinstance(
-        dataset, torch.utils.data.IterableDataset
+    return (
+        isinstance(dataset, Dataset)
+        and hasattr(dataset, "__len__")
+        and not isinstance(dataset, torch.utils.data.IterableDataset)
     )
 
 
@@ -290,7 +302,9 @@ def shard_evaluation(
 ) -> dict[str, Any]:
     """``kwargs`` with a :class:`ShardedEvalBatchSampler` in place of batch size, shuffle and
     drop_last: every process gets its own share of the samples, each once, in equal batch counts."""
-    kwargs = {key: value for key, value in kwargs.items() if key not in ("batch_size", "shuffle", "drop_last")}
+    kwargs = {
+        key: value for key, value in kwargs.items() if key not in ("batch_size", "shuffle", "drop_last")
+    }
     kwargs["batch_sampler"] = ShardedEvalBatchSampler(num_samples, batch_size, num_processes, process_index)
     return kwargs
 

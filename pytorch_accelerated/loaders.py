@@ -54,17 +54,24 @@ class DataLoaderMethods:
     #: The merged loader arguments of this run's ``create_*_dataloader`` calls ("train", "eval").
     _merged_dl_kwargs: dict[str, dict[str, Any]]
 
-    def _create_dataloaders(self, batch_size: int, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> None:
+    def _create_dataloaders(
+        self, batch_size: int, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None
+    ) -> None:
         self._merged_dl_kwargs = {}
         self._train_dataloader = self.create_train_dataloader(batch_size, train_kwargs)
         if self.eval_dataset is not None:
             self._eval_dataloader = self.create_eval_dataloader(batch_size, eval_kwargs)
 
-    def _run_config_dl_kwargs(self, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    def _run_config_dl_kwargs(
+        self, train_kwargs: dict[str, Any] | None, eval_kwargs: dict[str, Any] | None
+    ) -> dict[str, Any]:
         """The loader arguments the run config records: the merged ones the default
         ``create_*_dataloader`` used, else (overridden) the ones passed to ``train()``."""
         merged = getattr(self, "_merged_dl_kwargs", {})
-        return {"train_dl_kwargs": merged.get("train", train_kwargs), "eval_dl_kwargs": merged.get("eval", eval_kwargs)}
+        return {
+            "train_dl_kwargs": merged.get("train", train_kwargs),
+            "eval_dl_kwargs": merged.get("eval", eval_kwargs),
+        }
 
     def _set_evaluation_run_config(self, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
         """Give an evaluation on a Trainer that has not trained its own run config (callbacks
@@ -91,9 +98,13 @@ class DataLoaderMethods:
         return kwargs
 
     def _default_dl_kwargs(self, dataset: Any, batch_size: int) -> dict[str, Any]:
-        return default_dataloader_kwargs(dataset, batch_size, self._accelerator.device, self._seed, self._accelerator.num_processes)
+        return default_dataloader_kwargs(
+            dataset, batch_size, self._accelerator.device, self._seed, self._accelerator.num_processes
+        )
 
-    def create_train_dataloader(self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
+    def create_train_dataloader(
+        self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
         """Return the training ``DataLoader`` (before it is prepared for distribution)."""
         kwargs = merge_dataloader_kwargs(self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
         self._record_dl_kwargs("train", kwargs)
@@ -104,7 +115,9 @@ class DataLoaderMethods:
             kwargs["sampler"] = self.run_state.train_sampler = sampler
         return DataLoader(dataset=self.train_dataset, collate_fn=self.collate_fn, **kwargs)
 
-    def create_eval_dataloader(self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None) -> DataLoader:
+    def create_eval_dataloader(
+        self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
         """Return the evaluation ``DataLoader``.
 
         By default every process gets its own share of the samples, each sample exactly once,
@@ -115,7 +128,9 @@ class DataLoaderMethods:
         custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(self.eval_dataset) and not custom_order and not kwargs.get("shuffle"):
             processes = (self._accelerator.num_processes, self._accelerator.process_index)
-            kwargs = shard_evaluation(kwargs, len(self.eval_dataset), kwargs.get("batch_size") or batch_size, *processes)
+            kwargs = shard_evaluation(
+                kwargs, len(self.eval_dataset), kwargs.get("batch_size") or batch_size, *processes
+            )
         return DataLoader(dataset=self.eval_dataset, collate_fn=self.collate_fn, **kwargs)
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
@@ -130,7 +145,11 @@ class DataLoaderMethods:
         if (model_pending or optimizer_pending) and prepares_together(self._accelerator, self.optimizer):
             prepared = prepare_together(self._accelerator, self.model, self.optimizer, self._train_dataloader)
             self.model, self.optimizer, self._train_dataloader = prepared
-            self._prepared_model, self._prepared_optimizer, self._direct_steps = self.model, self.optimizer, False
+            self._prepared_model, self._prepared_optimizer, self._direct_steps = (
+                self.model,
+                self.optimizer,
+                False,
+            )
         if self._prepared_model is None or self.model is not self._prepared_model:
             if any(parameter.requires_grad for parameter in self.model.parameters()):
                 self.model = self._accelerator.prepare(self.model)

@@ -104,7 +104,9 @@ def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
     def get(trainer: Trainer) -> Any:
         config = trainer.run_config
         steps_unknown = getattr(config, "num_update_steps_per_epoch", 0) is None
-        if steps_unknown and (name != "num_epochs" or getattr(config, "max_num_train_steps", None) is not None):
+        if steps_unknown and (
+            name != "num_epochs" or getattr(config, "max_num_train_steps", None) is not None
+        ):
             raise _unknown_length(placeholder, "training")
         return getattr(config, name)
 
@@ -113,7 +115,9 @@ def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
 
 _RESOLVERS: dict[str, Callable[[Any], Any]] = {
     "NUM_EPOCHS": _run_config_field("num_epochs", "NUM_EPOCHS"),
-    "NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field("num_update_steps_per_epoch", "NUM_UPDATE_STEPS_PER_EPOCH"),
+    "NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field(
+        "num_update_steps_per_epoch", "NUM_UPDATE_STEPS_PER_EPOCH"
+    ),
     "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH": _run_config_field(
         "num_local_update_steps_per_epoch", "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH"
     ),

@@ -95,9 +95,13 @@ class TrainerRunConfig:
         A ``batch_size`` in ``train_dl_kwargs`` / ``eval_dl_kwargs`` is what the loaders use, so
         it is the per-device batch size recorded (and saved with training states).
         """
-        steps_per_epoch, num_epochs = _steps_and_epochs(num_batches_per_epoch, gradient_accumulation_steps, max_num_train_steps, num_epochs)
+        steps_per_epoch, num_epochs = _steps_and_epochs(
+            num_batches_per_epoch, gradient_accumulation_steps, max_num_train_steps, num_epochs
+        )
         processes = accelerator.num_processes
-        train_batch_size, eval_batch_size = (_batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs))
+        train_batch_size, eval_batch_size = (
+            _batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
+        )
         return cls(
             num_epochs=num_epochs,
             train_per_device_batch_size=train_batch_size,
@@ -117,10 +121,14 @@ class TrainerRunConfig:
             seed=seed,
         )
 
-
     @classmethod
     def for_evaluation(
-        cls, accelerator: Accelerator, *, per_device_batch_size: int, eval_dl_kwargs: dict[str, Any] | None, seed: int | None
+        cls,
+        accelerator: Accelerator,
+        *,
+        per_device_batch_size: int,
+        eval_dl_kwargs: dict[str, Any] | None,
+        seed: int | None,
     ) -> TrainerRunConfig:
         """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained)."""
         processes = accelerator.num_processes
@@ -162,7 +170,6 @@ def _reported_max_steps(given: int | None, num_epochs: int, steps_per_epoch: int
     return num_epochs * steps_per_epoch
 
 
-
 def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
     """The fields of a run config that describe the processes and precision of ``accelerator``."""
     return {
@@ -172,6 +179,7 @@ def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
         "mixed_precision": str(accelerator.mixed_precision),
         "num_processes": accelerator.num_processes,
     }
+
 
 def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
     """What a loader made with ``loader_kwargs`` batches by: their ``batch_size``, if given."""
@@ -283,4 +291,6 @@ class RunState:
             self.train_loss.running_total = total.to(device) if hasattr(total, "to") else total
             self.train_loss.count = partial["count"]
         loss = self.train_loss
-        self.step_metrics.load_process_state_dict(state.get("step_metrics"), loss.running_total, loss.count, device)
+        self.step_metrics.load_process_state_dict(
+            state.get("step_metrics"), loss.running_total, loss.count, device
+        )

@@ -169,14 +169,19 @@ class StepMetrics:
         pending_total, pending_count = self._pending_loss(total, count)
         return {"loss_since_point": {"total": pending_total, "count": pending_count}}
 
-    def load_process_state_dict(self, state: dict[str, Any] | None, total: Any, count: Any, device: Any) -> None:
+    def load_process_state_dict(
+        self, state: dict[str, Any] | None, total: Any, count: Any, device: Any
+    ) -> None:
         """Restore :meth:`process_state_dict`, given the restored epoch sum and count."""
         pending = (state or {}).get("loss_since_point")
         if pending is None:
             self._loss_carry, self._loss_mark = (0.0, 0), (_as_float64(total), count)
             return
         saved_total = pending["total"]
-        self._loss_carry = (saved_total.to(device) if isinstance(saved_total, torch.Tensor) else saved_total, pending["count"])
+        self._loss_carry = (
+            saved_total.to(device) if isinstance(saved_total, torch.Tensor) else saved_total,
+            pending["count"],
+        )
         self._loss_mark = (_as_float64(total), count)
 
 
@@ -190,7 +195,11 @@ def _reduce_sum(trainer: Trainer, values: list[Any]) -> list[float]:
     device = trainer.device
     # The host numbers in one tensor, then the device values: a few ops rather than a few per value.
     host = [float(value) for value in values if not isinstance(value, torch.Tensor)]
-    on_device = [v.detach().to(device=device, dtype=torch.float64).reshape(1) for v in values if isinstance(v, torch.Tensor)]
+    on_device = [
+        v.detach().to(device=device, dtype=torch.float64).reshape(1)
+        for v in values
+        if isinstance(v, torch.Tensor)
+    ]
     stacked = torch.cat([torch.tensor(host, dtype=torch.float64, device=device), *on_device])
     if trainer.accelerator.num_processes > 1:
         stacked = trainer.accelerator.reduce(stacked, reduction="sum")

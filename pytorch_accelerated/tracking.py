@@ -135,7 +135,9 @@ class RunHistory(ABC):
         return {
             "metrics": {name: list(self.get_metric_values(name)) for name in self.get_metric_names()},
             "current_epoch": self.current_epoch,
-            "step_metrics": {name: [list(point) for point in points] for name, points in self._step_series().items()},
+            "step_metrics": {
+                name: [list(point) for point in points] for name, points in self._step_series().items()
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

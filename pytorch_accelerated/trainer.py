@@ -126,7 +126,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self.model, self.loss_func, self.optimizer = model, loss_func, optimizer
         # Compatibility: PT_ACC_LIMIT_BATCHES (set by utils.LimitBatches) limits every epoch.
         env_limit = limit_batches_callback_from_env()
-        self.callback_handler = CallbackHandler((env_limit, *callbacks) if env_limit is not None else callbacks)
+        self.callback_handler = CallbackHandler(callbacks if env_limit is None else (env_limit, *callbacks))
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
@@ -169,7 +169,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         """
         launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
         # Collectives time out after PT_ACC_COLLECTIVE_TIMEOUT s, not 30 min (inside-the-trainer.md).
-        return Accelerator(cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs())
+        return Accelerator(
+            cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
+        )
 
     # ------------------------------------------------------------------ public entry points
 
@@ -256,19 +258,27 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
     ) -> None:
         """Everything before the run starts: loaders, preparation, run config, scheduler, resume."""
         self._start_run(datasets, collate_fn, seed, reset_run_history)
-        check_same_data_on_every_process(self._accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]})
+        check_same_data_on_every_process(
+            self._accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]}
+        )
         self.create_scheduler_fn = create_scheduler_fn
         self._create_dataloaders(settings["per_device_batch_size"], *dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
         check_epochs_have_batches(self)
-        self.run_config = self._create_run_config(**settings, **self._run_config_dl_kwargs(*dataloader_kwargs))
+        self.run_config = self._create_run_config(
+            **settings, **self._run_config_dl_kwargs(*dataloader_kwargs)
+        )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self.run_state.window = WindowWeighting(self._accelerator, self.run_config.train_per_device_batch_size)
+        self.run_state.window = WindowWeighting(
+            self._accelerator, self.run_config.train_per_device_batch_size
+        )
         if resume_from is not None:
             trainer_io.resume_training(self, resume_from)  # through the overridable load_training_state
             check_something_left_to_train(self.progress, self.run_config, resume_from)
 
-    def _start_run(self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool) -> None:
+    def _start_run(
+        self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool
+    ) -> None:
         self.train_dataset, self.eval_dataset = datasets
         self.collate_fn = collate_fn
         self._eval_dataloader = None
@@ -306,11 +316,17 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         """
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
-            raise ValueError("evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset.")
+            raise ValueError(
+                "evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset."
+            )
         check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
         recorded_before = self._metric_counts()
-        set_up = functools.partial(self._set_up_evaluation, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
-        self._run_guarded(set_up, self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped")
+        set_up = functools.partial(
+            self._set_up_evaluation, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed
+        )
+        self._run_guarded(
+            set_up, self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped"
+        )
         return {
             name: self.run_history.get_latest_metric(name)
             for name, count in self._metric_counts().items()
@@ -318,7 +334,12 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         }
 
     def _set_up_evaluation(
-        self, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any, seed: int | None
+        self,
+        dataset: Any,
+        batch_size: int,
+        dataloader_kwargs: dict[str, Any] | None,
+        collate_fn: Any,
+        seed: int | None,
     ) -> None:
         check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
         self.eval_dataset = dataset
@@ -377,7 +398,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         getattr(self, name)()
         self.callback_handler.call_event(f"on_{name}", self, **event_kwargs)
 
-    def _run_guarded(self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str) -> None:
+    def _run_guarded(
+        self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str
+    ) -> None:
         """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
 
         Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
@@ -454,11 +477,15 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         train_dl = self._start_train_epoch(train_dl)
         accumulation = self._config().gradient_accumulation_steps
         window_weight: Any = 0
-        windows = accumulation_windows(train_dl, self.progress.batch_index, accumulation, batches_per_epoch(train_dl))
+        windows = accumulation_windows(
+            train_dl, self.progress.batch_index, accumulation, batches_per_epoch(train_dl)
+        )
         for step, batch, window_size, is_update_step in self.run_state.step_metrics.timed(windows):
             self.callback_handler.call_event("on_train_step_start", self)
             # Gradients are only all-reduced on the batch that completes an update.
-            batch_output, weight = self._train_on_batch(batch, window_size, sync=is_update_step or window_size == 1)
+            batch_output, weight = self._train_on_batch(
+                batch, window_size, sync=is_update_step or window_size == 1
+            )
             window_weight = window_weight + weight
             if is_update_step:  # False from here on if fp16's scaler skipped the update
                 is_update_step = self._update_parameters(window_weight, window_size)
@@ -467,7 +494,12 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
             if is_update_step and self.run_state.step_metrics.is_due(self.progress.global_step):
                 self._record_step_metrics()
             self.callback_handler.call_event(
-                "on_train_step_end", self, batch=batch, batch_output=batch_output, step=step, is_update_step=is_update_step
+                "on_train_step_end",
+                self,
+                batch=batch,
+                batch_output=batch_output,
+                step=step,
+                is_update_step=is_update_step,
             )
             if is_update_step and self._reached_max_steps():
                 break
@@ -484,7 +516,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self._run_method_then_event("train_epoch_start")
         if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
             train_dl = self._train_dataloader
-        if self.progress.batch_index == 0 and not (sampler is not None and sampler.skipped_in(self.progress.epoch)):
+        if self.progress.batch_index == 0 and not (
+            sampler is not None and sampler.skipped_in(self.progress.epoch)
+        ):
             loss = self.run_state.train_loss
             if self.run_state.step_metrics.active:  # the epoch's sum is reset: keep what is not logged yet
                 self.run_state.step_metrics.carry_epoch_loss(loss.running_total, loss.count)
@@ -546,7 +580,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         if self.run_state.train_sampler is not None:
             self.run_state.train_sampler.set_epoch(epoch)
 
-    def _run_eval_epoch(self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False) -> None:
+    def _run_eval_epoch(
+        self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False
+    ) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
         loader_before = self._eval_dataloader
         self.eval_epoch_start()
@@ -562,7 +598,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
                 check_batch_output(batch_output, "calculate_eval_batch_loss")
                 if not self.eval_batch_is_padding:  # a repeated sample, to even out batch counts
                     eval_loss.update(batch_output["loss"], batch_output["batch_size"])
-                self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
+                self.callback_handler.call_event(
+                    "on_eval_step_end", self, batch=batch, batch_output=batch_output
+                )
         # Computed before the end events: a callback there may run another evaluation.
         self._last_eval_loss = self._mean_over_processes(eval_loss)
         if is_evaluation_run:
@@ -671,7 +709,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         if config.gradient_clip_value is not None:
             self._accelerator.clip_grad_value_(self.model.parameters(), config.gradient_clip_value)
         if config.max_grad_norm is not None:
-            self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            self.last_grad_norm = self._accelerator.clip_grad_norm_(
+                self.model.parameters(), config.max_grad_norm
+            )
         elif self.run_state.step_metrics.wants_grad_norm(self.progress.global_step + 1):  # a logged update
             self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), math.inf)
 

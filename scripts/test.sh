@@ -7,6 +7,7 @@ bash scripts/setup-venv.sh || { echo "set-up failed"; exit 1; }
 export PATH="$PWD/.venv/bin:$PATH"
 status=0
 echo "== ruff"; ruff check pytorch_accelerated tests examples benchmarks || status=1
+echo "== ruff format"; ruff format --check --quiet . || status=1
 echo "== mypy"; mypy pytorch_accelerated || status=1
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)" || status=1
 echo "== pytest"

@@ -31,7 +31,11 @@ class Blocks(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.embed, self.blocks, self.head = nn.Linear(3, 8), nn.ModuleList(Block() for _ in range(3)), nn.Linear(8, 1)
+        self.embed, self.blocks, self.head = (
+            nn.Linear(3, 8),
+            nn.ModuleList(Block() for _ in range(3)),
+            nn.Linear(8, 1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
@@ -50,7 +54,9 @@ class CountGraphs(TrainerCallback):
 
 def main() -> None:
     generator = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(16, 3, generator=generator), torch.randn(16, 1, generator=generator))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(16, 3, generator=generator), torch.randn(16, 1, generator=generator)
+    )
     model, counter = Blocks(), CountGraphs()
     trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(counter,))
     trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=4)

@@ -84,7 +84,9 @@ for _event in TRAINER_EVENTS:
 class RecordingTrainer(Trainer):
     """A Trainer that records each overridable ML step into the same lists as the callback."""
 
-    def __init__(self, *args: Any, log: list[str], positions: list[Position] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, log: list[str], positions: list[Position] | None = None, **kwargs: Any
+    ) -> None:
         self.log = log
         self.positions = positions
         super().__init__(*args, **kwargs)

@@ -50,7 +50,9 @@ def main() -> None:
     model = nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(*get_default_callbacks(), PrintAndRecord()))
-    trainer.train(data, num_epochs=args.epochs, per_device_batch_size=4, eval_dataset=TensorDataset(x[:8], x[:8, :1]))
+    trainer.train(
+        data, num_epochs=args.epochs, per_device_batch_size=4, eval_dataset=TensorDataset(x[:8], x[:8, :1])
+    )
     print(f"FINISHED rank {os.environ.get('RANK', '0')}", file=sys.stderr, flush=True)
 
 

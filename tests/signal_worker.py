@@ -74,7 +74,9 @@ class WaitForSignal(TrainerCallback):
         while self.saver.signal_received is None and time.monotonic() < deadline:
             time.sleep(0.002)
 
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step:
             self._reached("on_train_step_end")
 
@@ -97,15 +99,21 @@ class WaitForSignal(TrainerCallback):
 class EvaluateAtStep2(TrainerCallback):
     """An intermediate evaluation after the second update."""
 
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step and trainer.progress.global_step == 2:
             trainer.run_eval_epoch()
 
 
-def run(saver: SaveTrainingStateCallback, extra: tuple[TrainerCallback, ...] = (), resume: bool = False) -> Trainer:
+def run(
+    saver: SaveTrainingStateCallback, extra: tuple[TrainerCallback, ...] = (), resume: bool = False
+) -> Trainer:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=(*extra, saver))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=(*extra, saver)
+    )
     resume_from = saver.save_dir if resume else None
     trainer.train(TRAIN, num_epochs=2, eval_dataset=EVAL, per_device_batch_size=2, resume_from=resume_from)
     return trainer

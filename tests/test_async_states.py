@@ -62,7 +62,9 @@ class SaveBothWays(TrainerCallback):
         trainer.save_training_state(self.folder / "sync", checkpoint_kwargs={"note": "same"})
         self.sync_s = time.perf_counter() - start
         start = time.perf_counter()
-        trainer.save_training_state(self.folder / "async", checkpoint_kwargs={"note": "same"}, asynchronous=True)
+        trainer.save_training_state(
+            self.folder / "async", checkpoint_kwargs={"note": "same"}, asynchronous=True
+        )
         self.async_s = time.perf_counter() - start
         self.published_on_return = (self.folder / "async").exists()
 
@@ -72,11 +74,17 @@ def both_ways(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SaveBothW
     folder = tmp_path_factory.mktemp("async_equality")
     torch.manual_seed(0)
     # About 2M parameters (24 MB with Adam's state): a write that takes a while; dropout uses the RNG.
-    model = nn.Sequential(nn.Linear(3, 1400), nn.ReLU(), nn.Dropout(0.2), nn.Linear(1400, 1400), nn.Linear(1400, 1))
+    model = nn.Sequential(
+        nn.Linear(3, 1400), nn.ReLU(), nn.Dropout(0.2), nn.Linear(1400, 1400), nn.Linear(1400, 1)
+    )
     both = SaveBothWays(folder)
     # The callback's own states (also written in the background) give it a state to compare.
-    saver = SaveTrainingStateCallback(str(folder / "periodic"), save_every_n_steps=1, save_at_end=False, asynchronous=True)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(saver, both))
+    saver = SaveTrainingStateCallback(
+        str(folder / "periodic"), save_every_n_steps=1, save_at_end=False, asynchronous=True
+    )
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(saver, both)
+    )
     trainer.train(
         make_regression_data(24), num_epochs=1, per_device_batch_size=4,
         create_scheduler_fn=CosineLrScheduler.create_scheduler_fn(),
@@ -84,12 +92,21 @@ def both_ways(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SaveBothW
     return folder, both
 
 
-def test_async_state_equals_the_sync_state_at_the_same_step_file_by_file(both_ways: tuple[Path, SaveBothWays]) -> None:
+def test_async_state_equals_the_sync_state_at_the_same_step_file_by_file(
+    both_ways: tuple[Path, SaveBothWays],
+) -> None:
     folder, _ = both_ways
     sync, background = folder / "sync", folder / "async"
     names = sorted(path.name for path in sync.iterdir())
     assert names == sorted(path.name for path in background.iterdir())
-    assert {"model.pt", "optimizer.pt", "scheduler.pt", "trainer_state.pt", "rng_state_0.pt", MANIFEST} <= set(names)
+    assert {
+        "model.pt",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.pt",
+        "rng_state_0.pt",
+        MANIFEST,
+    } <= set(names)
     for name in names:
         if name == MANIFEST:
             assert read_manifest(sync) == read_manifest(background)
@@ -97,7 +114,9 @@ def test_async_state_equals_the_sync_state_at_the_same_step_file_by_file(both_wa
             assert_equal_nested(safe_torch_load(sync / name), safe_torch_load(background / name), name)
     trainer_state = safe_torch_load(background / "trainer_state.pt")
     assert trainer_state["callbacks"]  # the callback state was compared too
-    assert trainer_state["progress"]["global_step"] == 3 and trainer_state["checkpoint_kwargs"] == {"note": "same"}
+    assert trainer_state["progress"]["global_step"] == 3 and trainer_state["checkpoint_kwargs"] == {
+        "note": "same"
+    }
 
 
 def test_async_save_returns_before_the_state_is_published(both_ways: tuple[Path, SaveBothWays]) -> None:
@@ -110,17 +129,28 @@ def test_async_save_returns_before_the_state_is_published(both_ways: tuple[Path,
 
 
 def test_asynchronous_must_be_a_bool() -> None:
-    with pytest.raises(TypeError, match="SaveTrainingStateCallback: asynchronous must be True or False, got 'yes'"):
+    with pytest.raises(
+        TypeError, match="SaveTrainingStateCallback: asynchronous must be True or False, got 'yes'"
+    ):
         SaveTrainingStateCallback(asynchronous="yes")  # type: ignore[arg-type]
 
 
 def run_worker(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "tmp").mkdir()
     command = [sys.executable, str(WORKER), "--out", str(tmp_path), "--mode", mode]
-    return subprocess.run(command, cwd=tmp_path, env=subprocess_env(tmp_path / "tmp"), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=subprocess_env(tmp_path / "tmp"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def test_sigkill_during_the_background_write_leaves_the_previous_state_and_no_published_partial_one(tmp_path: Path) -> None:
+def test_sigkill_during_the_background_write_leaves_the_previous_state_and_no_published_partial_one(
+    tmp_path: Path,
+) -> None:
     finished = run_worker(tmp_path, "kill")
     assert finished.returncode == -9, finished.stdout + finished.stderr
     states = tmp_path / "states"
@@ -143,7 +173,9 @@ def test_failing_background_write_raises_at_the_next_save_and_at_the_end_of_the_
     for key, name, step in (("at_next_save", "step_2", 2), ("at_end", "step_4", 4)):
         error = result[key]
         assert error["type"] == "CheckpointWriteError" and error["errno"] == 27, error
-        assert error["message"].startswith(f"Could not save the training state to {states / name}: File too large (errno 27)")
+        assert error["message"].startswith(
+            f"Could not save the training state to {states / name}: File too large (errno 27)"
+        )
         assert "Nothing was written; the previous states are intact." in error["message"]
         assert f"(It was being written in the background, after update step {step};" in error["message"]
     # The failed states left nothing; the save at step 3 did not run (the error came first).

@@ -32,7 +32,10 @@ def test_model_that_is_not_a_module_is_rejected_with_the_type_seen() -> None:
 
 
 def test_optimizer_of_the_wrong_type_is_rejected_with_an_example() -> None:
-    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, .*DummyOptim.*step\(\) and zero_grad\(\).*got list.*torch.optim.SGD"):
+    with pytest.raises(
+        TypeError,
+        match=r"optimizer must be a torch.optim.Optimizer, .*DummyOptim.*step\(\) and zero_grad\(\).*got list.*torch.optim.SGD",
+    ):
         make_trainer(optimizer=[1, 2])
 
 
@@ -93,7 +96,10 @@ class SingleTensorDataset(torch.utils.data.Dataset):
 
 
 def test_batch_the_default_loss_cannot_unpack_explains_the_expected_pair() -> None:
-    with pytest.raises(TypeError, match=r"expects each batch to be a pair \(inputs, targets\).*override calculate_train_batch_loss"):
+    with pytest.raises(
+        TypeError,
+        match=r"expects each batch to be a pair \(inputs, targets\).*override calculate_train_batch_loss",
+    ):
         make_trainer().train(SingleTensorDataset(), num_epochs=1, per_device_batch_size=1)
 
 
@@ -110,7 +116,9 @@ def test_batch_output_without_loss_lists_what_was_returned() -> None:
 
     model = make_linear_model()
     trainer = NoLoss(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    with pytest.raises(TypeError, match=r"must return a dict with at least 'loss' and 'batch_size'.*\['batch_size'\]"):
+    with pytest.raises(
+        TypeError, match=r"must return a dict with at least 'loss' and 'batch_size'.*\['batch_size'\]"
+    ):
         trainer.train(make_regression_data(4), num_epochs=1, per_device_batch_size=2)
 
 
@@ -119,7 +127,10 @@ def test_misspelt_callback_hook_is_rejected_with_a_suggestion() -> None:
         def on_train_epoch_ends(self, trainer: Any, **kwargs: Any) -> None:
             pass
 
-    with pytest.raises(ValueError, match=r"Typo.on_train_epoch_ends is not a Trainer event.*Did you mean 'on_train_epoch_end'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"Typo.on_train_epoch_ends is not a Trainer event.*Did you mean 'on_train_epoch_end'\?",
+    ):
         make_trainer(callbacks=(Typo(),))
 
 
@@ -147,18 +158,44 @@ def test_evaluate_without_any_dataset_says_what_to_pass() -> None:
 @pytest.mark.parametrize(
     ("argument", "value", "message"),
     [
-        ("create_scheduler_fn", "cosine", r"create_scheduler_fn must be a function optimizer -> scheduler \(or None\), got 'cosine' \(str\).*CosineLrScheduler.create_scheduler_fn\(\)"),
+        (
+            "create_scheduler_fn",
+            "cosine",
+            r"create_scheduler_fn must be a function optimizer -> scheduler \(or None\), got 'cosine' \(str\).*CosineLrScheduler.create_scheduler_fn\(\)",
+        ),
         ("seed", "abc", r"seed must be a whole number >= 0 or None, got 'abc'\."),
         ("seed", 2**40, r"seed must be at most 2\*\*32 - 1 .*got 1099511627776"),
-        ("collate_fn", 3, r"collate_fn must be a function that makes a batch from a list of samples \(or None\), got 3 \(int\)"),
-        ("train_dataloader_kwargs", [("batch_size", 4)], r"train_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got list.*\{'batch_size': 4\}"),
-        ("eval_dataloader_kwargs", "big", r"eval_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got str"),
-        ("train_dataloader_kwargs", {"batch_size": 0}, r"train_dataloader_kwargs\['batch_size'\] must be a whole number >= 1 or None, got 0\."),
+        (
+            "collate_fn",
+            3,
+            r"collate_fn must be a function that makes a batch from a list of samples \(or None\), got 3 \(int\)",
+        ),
+        (
+            "train_dataloader_kwargs",
+            [("batch_size", 4)],
+            r"train_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got list.*\{'batch_size': 4\}",
+        ),
+        (
+            "eval_dataloader_kwargs",
+            "big",
+            r"eval_dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got str",
+        ),
+        (
+            "train_dataloader_kwargs",
+            {"batch_size": 0},
+            r"train_dataloader_kwargs\['batch_size'\] must be a whole number >= 1 or None, got 0\.",
+        ),
         ("reset_run_history", "no", r"reset_run_history must be True or False, got 'no' \(str\)"),
-        ("resume_from", 3, r"resume_from must be a path \(str or os.PathLike\) to a training state or a folder of them, or None; got 3 \(int\)"),
+        (
+            "resume_from",
+            3,
+            r"resume_from must be a path \(str or os.PathLike\) to a training state or a folder of them, or None; got 3 \(int\)",
+        ),
     ],
 )
-def test_train_arguments_of_the_wrong_type_name_the_argument_and_the_fix(argument: str, value: Any, message: str) -> None:
+def test_train_arguments_of_the_wrong_type_name_the_argument_and_the_fix(
+    argument: str, value: Any, message: str
+) -> None:
     trainer = make_trainer()
     with pytest.raises((TypeError, ValueError), match=message):
         trainer.train(make_regression_data(4), num_epochs=1, **{argument: value})
@@ -170,28 +207,49 @@ def test_train_arguments_of_the_wrong_type_name_the_argument_and_the_fix(argumen
     [
         ("seed", "abc", r"seed must be a whole number >= 0 or None, got 'abc'\."),
         ("collate_fn", "stack", r"collate_fn must be a function .*got 'stack' \(str\)"),
-        ("dataloader_kwargs", 8, r"dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got int"),
+        (
+            "dataloader_kwargs",
+            8,
+            r"dataloader_kwargs must be a dict of DataLoader arguments \(or None\), got int",
+        ),
         ("per_device_batch_size", "8", r"per_device_batch_size must be a whole number >= 1, got '8'\."),
     ],
 )
-def test_evaluate_arguments_of_the_wrong_type_name_the_argument(argument: str, value: Any, message: str) -> None:
+def test_evaluate_arguments_of_the_wrong_type_name_the_argument(
+    argument: str, value: Any, message: str
+) -> None:
     with pytest.raises((TypeError, ValueError), match=message):
         make_trainer().evaluate(make_regression_data(4), **{argument: value})
 
 
 def test_callbacks_none_says_to_pass_a_list() -> None:
-    with pytest.raises(TypeError, match=r"callbacks must be a list of callbacks, got None: pass callbacks=\(\) for none, or DEFAULT_CALLBACKS"):
+    with pytest.raises(
+        TypeError,
+        match=r"callbacks must be a list of callbacks, got None: pass callbacks=\(\) for none, or DEFAULT_CALLBACKS",
+    ):
         make_trainer(callbacks=None)
 
 
-@pytest.mark.parametrize(("value", "shown"), [(PrintProgressCallback(), r"PrintProgressCallback\(\)"), (PrintProgressCallback, "PrintProgressCallback")])
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (PrintProgressCallback(), r"PrintProgressCallback\(\)"),
+        (PrintProgressCallback, "PrintProgressCallback"),
+    ],
+)
 def test_a_single_callback_says_to_pass_a_list(value: Any, shown: str) -> None:
-    with pytest.raises(TypeError, match=rf"callbacks must be a list of callbacks, got one PrintProgressCallback: pass a list: callbacks=\[{shown}\]"):
+    with pytest.raises(
+        TypeError,
+        match=rf"callbacks must be a list of callbacks, got one PrintProgressCallback: pass a list: callbacks=\[{shown}\]",
+    ):
         make_trainer(callbacks=value)
 
 
 def test_check_signals_every_n_steps_as_a_string_names_the_argument_and_the_value() -> None:
-    with pytest.raises(ValueError, match=r"SaveTrainingStateCallback: check_signals_every_n_steps must be a whole number >= 1, got '5'\."):
+    with pytest.raises(
+        ValueError,
+        match=r"SaveTrainingStateCallback: check_signals_every_n_steps must be a whole number >= 1, got '5'\.",
+    ):
         SaveTrainingStateCallback(check_signals_every_n_steps="5")  # type: ignore[arg-type]
 
 
@@ -228,13 +286,22 @@ def classification_data() -> torch.utils.data.TensorDataset:
     [
         (TupleModel, nn.CrossEntropyLoss(), r"a tuple of 2"),
         (TupleModel, nn.MSELoss(), r"a tuple of 2"),
-        (ModelOutputModel, nn.CrossEntropyLoss(), r"a SequenceClassifierOutput \(a dict with keys \['logits'\]; a transformers ModelOutput\?\)"),
+        (
+            ModelOutputModel,
+            nn.CrossEntropyLoss(),
+            r"a SequenceClassifierOutput \(a dict with keys \['logits'\]; a transformers ModelOutput\?\)",
+        ),
     ],
 )
-def test_model_returning_a_tuple_or_a_model_output_says_how_to_get_the_logits(model_class: Any, loss_func: Any, returned: str) -> None:
+def test_model_returning_a_tuple_or_a_model_output_says_how_to_get_the_logits(
+    model_class: Any, loss_func: Any, returned: str
+) -> None:
     model = model_class()
     trainer = Trainer(model, loss_func, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    with pytest.raises(TypeError, match=rf"The model returned {returned}, not a tensor.*override calculate_train_batch_loss and calculate_eval_batch_loss.*or wrap the model") as caught:
+    with pytest.raises(
+        TypeError,
+        match=rf"The model returned {returned}, not a tensor.*override calculate_train_batch_loss and calculate_eval_batch_loss.*or wrap the model",
+    ) as caught:
         trainer.train(classification_data(), num_epochs=1, per_device_batch_size=2)
     assert isinstance(caught.value.__cause__, (TypeError, AttributeError))  # the loss function's own error
 

@@ -72,7 +72,9 @@ def assert_same_state(state: dict[str, Any], saved: dict[str, Any]) -> None:
             assert state[key] == value
 
 
-def test_resume_with_a_reordered_and_extended_callback_list_restores_each_state_by_key(tmp_path: Path) -> None:
+def test_resume_with_a_reordered_and_extended_callback_list_restores_each_state_by_key(
+    tmp_path: Path,
+) -> None:
     first_stopper, first_ema = early_stopping(), ema()
     run((first_stopper, first_ema, SaveTrainingStateCallback(tmp_path)), num_epochs=2)
     saved = saved_state(tmp_path)["callbacks"]
@@ -92,7 +94,9 @@ def test_resume_with_a_reordered_and_extended_callback_list_restores_each_state_
     assert any("holds a state for the callback 'SaveTrainingStateCallback'" in m for m in messages)
 
 
-def test_a_batch_limit_set_in_one_run_only_does_not_lose_callback_states(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_limit_set_in_one_run_only_does_not_lose_callback_states(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The reported defect: PT_ACC_LIMIT_BATCHES prepends a LimitBatchesCallback, which shifted
     # every positional key, so early stopping and EMA states were dropped without a word.
     monkeypatch.setenv("PT_ACC_LIMIT_BATCHES", "3")
@@ -104,7 +108,11 @@ def test_a_batch_limit_set_in_one_run_only_does_not_lose_callback_states(tmp_pat
     snapshot = Snapshot(stopper, averaged)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every state is claimed: nothing to warn about
-        run((stopper, averaged, SaveTrainingStateCallback(tmp_path), snapshot), num_epochs=3, resume_from=tmp_path)
+        run(
+            (stopper, averaged, SaveTrainingStateCallback(tmp_path), snapshot),
+            num_epochs=3,
+            resume_from=tmp_path,
+        )
 
     assert snapshot.states[0]["num_epochs_without_improvement"] == 1
     assert_same_state(snapshot.states[1], saved["ModelEmaCallback"])
@@ -127,7 +135,11 @@ def test_states_saved_by_position_by_earlier_versions_still_load(tmp_path: Path)
     snapshot = Snapshot(stopper, averaged)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run((SaveTrainingStateCallback(tmp_path / "new"), stopper, averaged, snapshot), num_epochs=3, resume_from=tmp_path)
+        run(
+            (SaveTrainingStateCallback(tmp_path / "new"), stopper, averaged, snapshot),
+            num_epochs=3,
+            resume_from=tmp_path,
+        )
 
     assert snapshot.states[0]["num_epochs_without_improvement"] == 1
     assert_same_state(snapshot.states[1], saved["ModelEmaCallback"])
@@ -155,7 +167,14 @@ class NamedCounter(Counter):
 
 def test_repeated_keys_get_a_suffix_in_list_order_and_state_key_can_be_overridden() -> None:
     handler = CallbackHandler(
-        (Counter("a"), EarlyStoppingCallback(), Counter("b"), Counter("c"), NamedCounter("x"), NamedCounter("y"))
+        (
+            Counter("a"),
+            EarlyStoppingCallback(),
+            Counter("b"),
+            Counter("c"),
+            NamedCounter("x"),
+            NamedCounter("y"),
+        )
     )
     keys = handler.stateful_callbacks()
     assert list(keys) == [

@@ -60,7 +60,9 @@ def test_callbacks_run_in_list_order_after_the_trainer_method() -> None:
             super().train_epoch_start()
 
     model = make_linear_model()
-    trainer = MyTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Named("b"), Named("a")))
+    trainer = MyTrainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Named("b"), Named("a"))
+    )
     trainer.model.eval()
     trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
     assert order == ["method", "b:train", "a:train"]
@@ -147,16 +149,25 @@ def test_move_modules_to_device_moves_the_loss_function_at_run_start() -> None:
             return ((outputs - targets) ** 2 * self.scale).mean()
 
     model = make_linear_model()
-    trainer = Trainer(model, WeightedLoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(MoveModulesToDeviceCallback,))
+    trainer = Trainer(
+        model,
+        WeightedLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        callbacks=(MoveModulesToDeviceCallback,),
+    )
     trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
     trainer.evaluate(make_regression_data(2))
     assert moved == [trainer.device, trainer.device]
 
 
-def test_default_callbacks_print_progress_and_metrics_for_each_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_callbacks_print_progress_and_metrics_for_each_epoch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     model = make_linear_model()
     trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
-    trainer.train(make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=4)
+    trainer.train(
+        make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=4
+    )
     out = capsys.readouterr().out
     assert "Starting training run: 2 epochs, 2 updates per epoch, 1 process(es)" in out
     assert out.count("train_loss_epoch: ") == 2 and out.count("eval_loss_epoch: ") == 2
@@ -171,7 +182,9 @@ def test_log_metrics_can_be_overridden_to_send_metrics_elsewhere() -> None:
             logged.append(metrics)
 
     model = make_linear_model()
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Collect(),))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(Collect(),)
+    )
     trainer.train(make_regression_data(4), num_epochs=2, per_device_batch_size=2)
     assert [set(m) for m in logged] == [{"train_loss_epoch"}, {"train_loss_epoch"}]
     assert logged[1]["train_loss_epoch"] == trainer.run_history.get_metric_values("train_loss_epoch")[1]

@@ -47,7 +47,9 @@ class CaptureWeights(TrainerCallback):
 def train(callbacks: tuple, num_epochs: int, trainer: Trainer | None = None, **kwargs: Any) -> Trainer:
     if trainer is None:
         model = make_linear_model()
-        trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks)
+        trainer = Trainer(
+            model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks
+        )
     trainer.train(make_regression_data(SAMPLES), num_epochs=num_epochs, per_device_batch_size=BATCH, **kwargs)
     return trainer
 
@@ -66,7 +68,9 @@ def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, tor
     ("patience", "threshold", "stop_epoch"),
     [(1, 0.01, 3), (2, 0.01, 4), (1, 0.25, 2), (3, 0.15, 5), (3, 0.01, None)],
 )
-def test_early_stopping_stops_at_the_expected_epoch(patience: int, threshold: float, stop_epoch: int | None) -> None:
+def test_early_stopping_stops_at_the_expected_epoch(
+    patience: int, threshold: float, stop_epoch: int | None
+) -> None:
     events: list[str] = []
     stopper = EarlyStoppingCallback(early_stopping_patience=patience, early_stopping_threshold=threshold)
     trainer = train((ScriptedMetric(SCRIPT), stopper, EventRecorder(events)), num_epochs=len(SCRIPT))
@@ -79,10 +83,16 @@ def test_early_stopping_stops_at_the_expected_epoch(patience: int, threshold: fl
         assert events[-2:] == ["on_stop_training_error", "on_training_run_end"]
 
 
-@pytest.mark.parametrize(("greater_is_better", "threshold", "stop_epoch"), [(True, 0.01, 6), (True, 0.25, 3), (False, 0.01, 3)])
-def test_early_stopping_follows_greater_is_better(greater_is_better: bool, threshold: float, stop_epoch: int) -> None:
+@pytest.mark.parametrize(
+    ("greater_is_better", "threshold", "stop_epoch"), [(True, 0.01, 6), (True, 0.25, 3), (False, 0.01, 3)]
+)
+def test_early_stopping_follows_greater_is_better(
+    greater_is_better: bool, threshold: float, stop_epoch: int
+) -> None:
     values = [0.1, 0.3, 0.29, 0.5, 0.45, 0.4, 0.9]
-    stopper = EarlyStoppingCallback(2, threshold, watch_metric="accuracy", greater_is_better=greater_is_better)
+    stopper = EarlyStoppingCallback(
+        2, threshold, watch_metric="accuracy", greater_is_better=greater_is_better
+    )
     trainer = train((ScriptedMetric(values, "accuracy"), stopper), num_epochs=len(values))
     assert epochs_run(trainer) == stop_epoch
 
@@ -95,12 +105,21 @@ def test_early_stopping_judges_only_epochs_that_recorded_the_metric() -> None:
 
 
 @pytest.mark.parametrize("callback_class", [EarlyStoppingCallback, SaveBestModelCallback])
-def test_unknown_watched_metric_error_names_it_and_lists_recorded_metrics(callback_class: type, tmp_path: Path) -> None:
-    callback = callback_class(save_path=tmp_path / "b.pt") if callback_class is SaveBestModelCallback else callback_class()
+def test_unknown_watched_metric_error_names_it_and_lists_recorded_metrics(
+    callback_class: type, tmp_path: Path
+) -> None:
+    callback = (
+        callback_class(save_path=tmp_path / "b.pt")
+        if callback_class is SaveBestModelCallback
+        else callback_class()
+    )
     with pytest.raises(ValueError) as error:
         train((callback,), num_epochs=2)
     message = str(error.value)
-    assert f"{callback_class.__name__} watches the metric 'eval_loss_epoch', but it was never recorded" in message
+    assert (
+        f"{callback_class.__name__} watches the metric 'eval_loss_epoch', but it was never recorded"
+        in message
+    )
     assert "['train_loss_epoch']" in message
     assert "pass eval_dataset to trainer.train(...)" in message
 
@@ -113,8 +132,14 @@ def test_unknown_custom_metric_error_says_how_to_record_it() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"early_stopping_patience": 0}, r"EarlyStoppingCallback: early_stopping_patience must be a whole number >= 1, got 0\."),
-        ({"early_stopping_threshold": -0.1}, r"early_stopping_threshold must be a number >= 0 \(.*\), got -0\.1\."),
+        (
+            {"early_stopping_patience": 0},
+            r"EarlyStoppingCallback: early_stopping_patience must be a whole number >= 1, got 0\.",
+        ),
+        (
+            {"early_stopping_threshold": -0.1},
+            r"early_stopping_threshold must be a number >= 0 \(.*\), got -0\.1\.",
+        ),
     ],
 )
 def test_early_stopping_rejects_bad_arguments(kwargs: dict, match: str) -> None:
@@ -126,7 +151,13 @@ def test_save_best_checkpoint_holds_the_best_epoch_its_metric_and_weights(tmp_pa
     path, capture = tmp_path / "best.pt", CaptureWeights()
     train((ScriptedMetric(SCRIPT), capture, SaveBestModelCallback(save_path=path)), num_epochs=len(SCRIPT))
     saved = safe_torch_load(path)
-    assert set(saved) == {"model_state_dict", "optimizer_state_dict", "epoch", "global_step", "eval_loss_epoch"}
+    assert set(saved) == {
+        "model_state_dict",
+        "optimizer_state_dict",
+        "epoch",
+        "global_step",
+        "eval_loss_epoch",
+    }
     assert (saved["epoch"], saved["global_step"], saved["eval_loss_epoch"]) == (5, 5 * STEPS_PER_EPOCH, 0.7)
     assert_same_weights(saved["model_state_dict"], capture.per_epoch[4])
 
@@ -156,7 +187,9 @@ def test_save_best_with_greater_is_better_saves_the_highest_value(tmp_path: Path
 
 
 @pytest.mark.parametrize("save_states", [True, False])
-def test_save_best_includes_optimizer_and_scheduler_states_only_when_asked(tmp_path: Path, save_states: bool) -> None:
+def test_save_best_includes_optimizer_and_scheduler_states_only_when_asked(
+    tmp_path: Path, save_states: bool
+) -> None:
     path = tmp_path / "best.pt"
     callback = SaveBestModelCallback(save_path=path, save_optimizer=save_states, save_scheduler=save_states)
     scheduler_fn = lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)  # noqa: E731
@@ -167,19 +200,29 @@ def test_save_best_includes_optimizer_and_scheduler_states_only_when_asked(tmp_p
 
 def test_early_stop_then_the_best_epoch_is_reloaded(tmp_path: Path) -> None:
     capture = CaptureWeights()
-    callbacks = (ScriptedMetric(SCRIPT), capture, SaveBestModelCallback(save_path=tmp_path / "best.pt"),
-                 EarlyStoppingCallback(early_stopping_patience=2))
+    callbacks = (
+        ScriptedMetric(SCRIPT),
+        capture,
+        SaveBestModelCallback(save_path=tmp_path / "best.pt"),
+        EarlyStoppingCallback(early_stopping_patience=2),
+    )
     trainer = train(callbacks, num_epochs=len(SCRIPT))
     assert epochs_run(trainer) == 4
     assert_same_weights(trainer.get_model().state_dict(), capture.per_epoch[1])
 
 
 @pytest.mark.parametrize(("reset_on_train", "stop_epoch"), [(False, 2), (True, 3)])
-def test_reset_on_train_decides_whether_a_second_run_starts_afresh(reset_on_train: bool, stop_epoch: int) -> None:
+def test_reset_on_train_decides_whether_a_second_run_starts_afresh(
+    reset_on_train: bool, stop_epoch: int
+) -> None:
     stopper = EarlyStoppingCallback(early_stopping_patience=2, reset_on_train=reset_on_train)
     model = make_linear_model()
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05),
-                      callbacks=(ScriptedMetric([0.5]), stopper))
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=(ScriptedMetric([0.5]), stopper),
+    )
     train((), num_epochs=1, trainer=trainer)
     assert stopper.best_metric == 0.5
     trainer.callback_handler.callbacks[0].values = [0.9, 0.9, 0.9]
@@ -217,7 +260,9 @@ def test_a_loaded_state_is_kept_when_the_next_run_starts() -> None:
 
 def test_a_resumed_run_stops_at_the_same_epoch_as_the_uninterrupted_one(tmp_path: Path) -> None:
     def callbacks() -> tuple:
-        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
+        saver = SaveTrainingStateCallback(
+            tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=()
+        )
         return ScriptedMetric(SCRIPT), EarlyStoppingCallback(early_stopping_patience=2), saver
 
     assert epochs_run(train(callbacks(), num_epochs=len(SCRIPT))) == 4

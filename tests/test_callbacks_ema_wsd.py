@@ -45,7 +45,9 @@ class RecordUpdates(TrainerCallback):
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         self.initial = weights(trainer.get_model())
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if trainer.progress.global_step != self._last_step:
             self._last_step = trainer.progress.global_step
             self.model_weights.append(weights(trainer.get_model()))
@@ -55,7 +57,9 @@ class RecordUpdates(TrainerCallback):
         self.ema_per_epoch.append(self.ema())
 
 
-def hand_ema(start: dict[str, torch.Tensor], updates: list[dict[str, torch.Tensor]], decay: float) -> list[dict]:
+def hand_ema(
+    start: dict[str, torch.Tensor], updates: list[dict[str, torch.Tensor]], decay: float
+) -> list[dict]:
     ema, history = dict(start), []
     for current in updates:
         ema = {name: decay * ema[name] + (1 - decay) * current[name] for name in ema}
@@ -99,7 +103,9 @@ def test_ema_matches_a_hand_computation_after_every_optimizer_update(tmp_path: P
     recorder = RecordUpdates(ema_callback)
     trainer = make_trainer((ema_callback, recorder))
     # 6 batches per epoch, 2 per update: 3 updates per epoch, 6 in all.
-    trainer.train(make_regression_data(24), num_epochs=2, per_device_batch_size=4, gradient_accumulation_steps=2)
+    trainer.train(
+        make_regression_data(24), num_epochs=2, per_device_batch_size=4, gradient_accumulation_steps=2
+    )
     assert len(recorder.model_weights) == 6
     expected = hand_ema(recorder.initial, recorder.model_weights, decay=0.5)
     for actual, wanted in zip(recorder.ema_weights, expected, strict=True):
@@ -121,7 +127,9 @@ def test_ema_eval_loss_is_recorded_each_epoch_from_the_ema_weights(tmp_path: Pat
     with torch.no_grad():
         expected = nn.functional.mse_loss(ema_callback.ema_model.module(x), y).item()
     assert history.get_latest_metric("ema_model_eval_loss_epoch") == pytest.approx(expected, rel=1e-5)
-    assert history.get_latest_metric("ema_model_eval_loss_epoch") != history.get_latest_metric("eval_loss_epoch")
+    assert history.get_latest_metric("ema_model_eval_loss_epoch") != history.get_latest_metric(
+        "eval_loss_epoch"
+    )
 
 
 def test_evaluate_after_training_does_not_evaluate_the_ema(tmp_path: Path) -> None:
@@ -131,7 +139,9 @@ def test_evaluate_after_training_does_not_evaluate_the_ema(tmp_path: Path) -> No
     assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 1
 
 
-def test_metric_callbacks_record_prefixed_metrics_and_only_the_ema_callbacks_see_the_ema_evaluation(tmp_path: Path) -> None:
+def test_metric_callbacks_record_prefixed_metrics_and_only_the_ema_callbacks_see_the_ema_evaluation(
+    tmp_path: Path,
+) -> None:
     trainer_only, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
     ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(ema_only,))
     trainer = make_trainer((trainer_only, ema_callback))
@@ -150,7 +160,9 @@ class IntermediateEvalAtSecondBatch(TrainerCallback):
     def __init__(self) -> None:
         self.losses: list[tuple[float, float]] = []
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if step == 1:
             x, y = EVAL_DATA.tensors
             with torch.no_grad():
@@ -158,18 +170,24 @@ class IntermediateEvalAtSecondBatch(TrainerCallback):
             self.losses.append((trainer.run_eval_epoch(), by_hand))
 
 
-@pytest.mark.parametrize(("evaluate_intermediate", "ema_evals"), [(False, [False, False]), (True, [True, False, True, False])])
+@pytest.mark.parametrize(
+    ("evaluate_intermediate", "ema_evals"), [(False, [False, False]), (True, [True, False, True, False])]
+)
 def test_ema_is_evaluated_after_intermediate_evaluations_only_when_asked(
     tmp_path: Path, evaluate_intermediate: bool, ema_evals: list[bool]
 ) -> None:
     counter, intermediate = RecordEvalSamples("ema_samples"), IntermediateEvalAtSecondBatch()
-    ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(counter,), evaluate_intermediate=evaluate_intermediate)
+    ema_callback = ModelEmaCallback(
+        save_path=tmp_path / "ema.pt", callbacks=(counter,), evaluate_intermediate=evaluate_intermediate
+    )
     trainer = make_trainer((intermediate, ema_callback))
     trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
     assert counter.calls == ema_evals
     history = trainer.run_history
     assert len(history.get_metric_values("ema_model_eval_loss_epoch")) == 2
-    assert len(history.get_metric_values("ema_model_intermediate_eval_loss")) == (2 if evaluate_intermediate else 0)
+    assert len(history.get_metric_values("ema_model_intermediate_eval_loss")) == (
+        2 if evaluate_intermediate else 0
+    )
     # The EMA evaluation does not change what the model's intermediate evaluation returned.
     for returned, by_hand in intermediate.losses:
         assert returned == pytest.approx(by_hand, rel=1e-5)
@@ -192,7 +210,9 @@ def test_best_ema_weights_are_saved_and_loaded_back_into_the_ema_copy(tmp_path: 
 
 @pytest.mark.parametrize("decay", [1.5, -0.1, "0.9"])
 def test_ema_callback_rejects_a_decay_outside_0_1_when_created(decay: Any) -> None:
-    with pytest.raises(ValueError, match=rf"ModelEmaCallback decay must be a number in \[0, 1\] .*got {decay!r}\."):
+    with pytest.raises(
+        ValueError, match=rf"ModelEmaCallback decay must be a number in \[0, 1\] .*got {decay!r}\."
+    ):
         ModelEmaCallback(decay=decay)
 
 
@@ -208,7 +228,9 @@ def test_ema_without_evaluation_data_names_the_metric_and_the_ways_out(tmp_path:
 
 def test_ema_state_dict_round_trip_continues_the_average(tmp_path: Path) -> None:
     first = ModelEmaCallback(decay=0.5, save_path=tmp_path / "ema.pt", watch_metric="scripted")
-    make_trainer((Scripted([0.3]), first)).train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    make_trainer((Scripted([0.3]), first)).train(
+        make_regression_data(8), num_epochs=1, per_device_batch_size=4
+    )
     state = first.state_dict()
     assert set(state) == {"best_metric", "best_epoch", "ema_state_dict"}
     assert (state["best_metric"], state["best_epoch"]) == (0.3, 1)
@@ -216,11 +238,16 @@ def test_ema_state_dict_round_trip_continues_the_average(tmp_path: Path) -> None
     resumed = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
     resumed.load_state_dict(state)
     recorder = RecordUpdates(resumed)
-    make_trainer((resumed, recorder), seed=3).train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    make_trainer((resumed, recorder), seed=3).train(
+        make_regression_data(8), num_epochs=1, per_device_batch_size=4
+    )
     # The average goes on from the restored EMA weights, not from the new model's weights.
     expected = hand_ema(state["ema_state_dict"], recorder.model_weights, decay=0.5)
     assert_close_weights(weights(resumed.ema_model.module), expected[-1])
-    assert {k: resumed.state_dict()[k] for k in ("best_metric", "best_epoch")} == {"best_metric": 0.3, "best_epoch": 1}
+    assert {k: resumed.state_dict()[k] for k in ("best_metric", "best_epoch")} == {
+        "best_metric": 0.3,
+        "best_epoch": 1,
+    }
 
 
 # ---------------------------------------------------------------- WSDCheckpointCallback
@@ -244,8 +271,14 @@ def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(
     assert callback.checkpoint_steps == {10, 20, 40} and callback.decay_fraction == 0.1
     assert [info["pre_decay_step"] for info in callback.decay_info] == [9, 19, 38]
     assert callback.last_checkpoint_step == 40
-    names = ["checkpoint_9_wsd_pre_decay", "checkpoint_10_wsd_post_decay.pt", "checkpoint_19_wsd_pre_decay",
-             "checkpoint_20_wsd_post_decay.pt", "checkpoint_38_wsd_pre_decay", "checkpoint_40_wsd_post_decay.pt"]
+    names = [
+        "checkpoint_9_wsd_pre_decay",
+        "checkpoint_10_wsd_post_decay.pt",
+        "checkpoint_19_wsd_pre_decay",
+        "checkpoint_20_wsd_post_decay.pt",
+        "checkpoint_38_wsd_pre_decay",
+        "checkpoint_40_wsd_post_decay.pt",
+    ]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(names)
     assert callback.saved_checkpoints == [str(tmp_path / "ckpt" / name) for name in names]
     for name in names:
@@ -264,15 +297,23 @@ def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(
         assert_close_weights(weights_saved, recorder.model_weights[step - 1])
 
 
-@pytest.mark.parametrize(("scheduler_fn", "found"), [
-    (None, "this run has no scheduler (None)"),
-    (lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2), "this run has a StepLR"),
-])
-def test_wsd_callback_without_a_wsd_scheduler_says_how_to_create_one(tmp_path: Path, scheduler_fn: Any, found: str) -> None:
+@pytest.mark.parametrize(
+    ("scheduler_fn", "found"),
+    [
+        (None, "this run has no scheduler (None)"),
+        (lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2), "this run has a StepLR"),
+    ],
+)
+def test_wsd_callback_without_a_wsd_scheduler_says_how_to_create_one(
+    tmp_path: Path, scheduler_fn: Any, found: str
+) -> None:
     trainer = make_trainer((WSDCheckpointCallback(save_dir=tmp_path),))
     with pytest.raises(ValueError) as error:
         trainer.train(make_regression_data(8), num_epochs=1, create_scheduler_fn=scheduler_fn)
-    assert "WSDCheckpointCallback needs a scheduler with get_checkpoint_steps(), such as WSDLrScheduler" in str(error.value)
+    assert (
+        "WSDCheckpointCallback needs a scheduler with get_checkpoint_steps(), such as WSDLrScheduler"
+        in str(error.value)
+    )
     assert found in str(error.value)
     assert "create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(" in str(error.value)
 
@@ -302,14 +343,27 @@ def test_initial_checkpoint_loads_model_and_optimizer_and_the_schedule_unless_a_
         "optimizer_state_dict": safe_torch_load(pre_decay / "optimizer.pt"),
     }
     capture = CaptureStart(stop=True)
-    trainer = make_trainer((WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=pre_decay), capture), seed=7, momentum=0.9)
-    scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3, is_continuation_from_checkpoint=is_continuation)
-    trainer.train(make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn)
+    trainer = make_trainer(
+        (WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=pre_decay), capture),
+        seed=7,
+        momentum=0.9,
+    )
+    scheduler_fn = WSDLrScheduler.create_scheduler_fn(
+        num_checkpoints=3, is_continuation_from_checkpoint=is_continuation
+    )
+    trainer.train(
+        make_regression_data(40), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn
+    )
     assert_close_weights(capture.weights, saved["model_state_dict"])
     torch.testing.assert_close(capture.momentum, saved["optimizer_state_dict"]["state"][0]["momentum_buffer"])
     assert capture.num_updates == (0 if is_continuation else 19)
     assert capture.lr == pytest.approx(0.05)  # the peak: the stable branch, not the saved optimizer's value
-    assert capture.position == {"epoch": 0, "global_step": 0, "batch_index": 0, "epoch_step": 0}  # a fresh run
+    assert capture.position == {
+        "epoch": 0,
+        "global_step": 0,
+        "batch_index": 0,
+        "epoch_step": 0,
+    }  # a fresh run
 
 
 def test_initial_checkpoint_file_loads_a_post_decay_checkpoint_and_its_step(tmp_path: Path) -> None:
@@ -325,7 +379,9 @@ def test_initial_checkpoint_file_loads_a_post_decay_checkpoint_and_its_step(tmp_
 
 def test_a_run_from_a_pre_decay_checkpoint_saves_the_following_checkpoints(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
-    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_19_wsd_pre_decay")
+    callback = WSDCheckpointCallback(
+        tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_19_wsd_pre_decay"
+    )
     trainer = make_trainer((callback,), seed=7, momentum=0.9)
     trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
     # The schedule goes on from update 19: its checkpoint at 20 is this run's update 1. The run
@@ -337,7 +393,9 @@ def test_a_run_from_a_pre_decay_checkpoint_saves_the_following_checkpoints(tmp_p
 
 def test_wsd_state_dict_round_trips_and_a_restored_state_skips_the_initial_checkpoint(tmp_path: Path) -> None:
     run_wsd(tmp_path / "first")
-    callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_9_wsd_pre_decay")
+    callback = WSDCheckpointCallback(
+        tmp_path / "second", initial_checkpoint=tmp_path / "first" / "checkpoint_9_wsd_pre_decay"
+    )
     state = {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": True, "last_checkpoint_step": 9}
     callback.load_state_dict(state)
     assert callback.state_dict() == state
@@ -347,14 +405,22 @@ def test_wsd_state_dict_round_trips_and_a_restored_state_skips_the_initial_check
     trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=WSD_FN)
     assert_close_weights(capture.weights, before)
     assert capture.momentum is None  # the optimizer state was not loaded either
-    assert callback.state_dict() == {"saved_checkpoints": ["a.pt"], "initial_checkpoint_loaded": False, "last_checkpoint_step": 9}
+    assert callback.state_dict() == {
+        "saved_checkpoints": ["a.pt"],
+        "initial_checkpoint_loaded": False,
+        "last_checkpoint_step": 9,
+    }
 
 
 def test_a_resumed_run_ends_with_the_ema_of_the_uninterrupted_run(tmp_path: Path) -> None:
     def run(seed: int, **kwargs: Any) -> ModelEmaCallback:
         ema_callback = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
-        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
-        make_trainer((ema_callback, saver), seed=seed).train(make_regression_data(16), num_epochs=2, per_device_batch_size=4, **kwargs)
+        saver = SaveTrainingStateCallback(
+            tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=()
+        )
+        make_trainer((ema_callback, saver), seed=seed).train(
+            make_regression_data(16), num_epochs=2, per_device_batch_size=4, **kwargs
+        )
         return ema_callback
 
     uninterrupted = weights(run(seed=0).ema_model.module)
@@ -367,9 +433,19 @@ def test_a_resumed_run_is_not_restarted_from_the_initial_checkpoint(tmp_path: Pa
     initial = tmp_path / "first" / "checkpoint_9_wsd_pre_decay"
 
     def run(**kwargs: Any) -> Trainer:
-        saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=())
-        trainer = make_trainer((WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=initial), saver), momentum=0.9)
-        trainer.train(make_regression_data(40), num_epochs=2, per_device_batch_size=4, create_scheduler_fn=WSD_FN, **kwargs)
+        saver = SaveTrainingStateCallback(
+            tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=()
+        )
+        trainer = make_trainer(
+            (WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=initial), saver), momentum=0.9
+        )
+        trainer.train(
+            make_regression_data(40),
+            num_epochs=2,
+            per_device_batch_size=4,
+            create_scheduler_fn=WSD_FN,
+            **kwargs,
+        )
         return trainer
 
     uninterrupted = weights(run().get_model())

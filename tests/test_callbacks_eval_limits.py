@@ -38,7 +38,9 @@ class Probe(TrainerCallback):
             self.after_intermediate.append((trainer.model.training, differs))
             self._check_next_step = False
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if len(batch) == 3:
             self.train_indices.setdefault(trainer.progress.epoch, []).extend(batch[2].tolist())
 
@@ -47,9 +49,14 @@ class Probe(TrainerCallback):
         with torch.no_grad():  # plain-PyTorch oracle: the mean loss over the whole set, now
             expected = nn.functional.mse_loss(trainer.model(x), y).item()
         self.evals.append(
-            dict(intermediate=is_intermediate, step=trainer.progress.global_step,
-                 batch_index=trainer.progress.batch_index, training=trainer.model.training,
-                 expected_loss=expected, num_batches=0)
+            dict(
+                intermediate=is_intermediate,
+                step=trainer.progress.global_step,
+                batch_index=trainer.progress.batch_index,
+                training=trainer.model.training,
+                expected_loss=expected,
+                num_batches=0,
+            )
         )
 
     def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
@@ -67,7 +74,9 @@ def make_trainer(*callbacks: TrainerCallback) -> tuple[Trainer, Probe]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 16), nn.Dropout(0.5), nn.Linear(16, 1))
     probe = Probe()
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(*callbacks, probe))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(*callbacks, probe)
+    )
     return trainer, probe
 
 
@@ -87,7 +96,9 @@ def test_step_based_evaluation_runs_after_every_nth_update_and_records_loss_and_
 def test_step_based_evaluation_with_accumulation_fires_once_per_update_not_per_batch() -> None:
     trainer, probe = make_trainer(StepBasedEvaluationCallback(2))
     # 10 batches, windows of 3 -> updates after batches 3, 6, 9 and 10 of each epoch.
-    trainer.train(TRAIN, num_epochs=2, eval_dataset=EVAL, per_device_batch_size=4, gradient_accumulation_steps=3)
+    trainer.train(
+        TRAIN, num_epochs=2, eval_dataset=EVAL, per_device_batch_size=4, gradient_accumulation_steps=3
+    )
     intermediate = [(e["step"], e["batch_index"]) for e in probe.evals if e["intermediate"]]
     assert intermediate == [(2, 6), (4, 10), (6, 6), (8, 10)]
 
@@ -116,7 +127,9 @@ def test_limit_eval_steps_shortens_only_intermediate_evaluations_by_default() ->
 
 
 def test_limit_eval_steps_for_every_evaluation_when_asked() -> None:
-    trainer, probe = make_trainer(LimitEvalStepsCallback(3, limit_intermediate_only=False), StepBasedEvaluationCallback(5))
+    trainer, probe = make_trainer(
+        LimitEvalStepsCallback(3, limit_intermediate_only=False), StepBasedEvaluationCallback(5)
+    )
     trainer.train(TRAIN, num_epochs=1, eval_dataset=EVAL, per_device_batch_size=4)
     trainer.evaluate(EVAL, per_device_batch_size=4)
     assert probe.counts(intermediate=True) == [3, 3]
@@ -153,10 +166,22 @@ def test_limit_batches_and_limit_eval_steps_together_apply_the_smaller_limit(lim
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: StepBasedEvaluationCallback(0), "StepBasedEvaluationCallback: eval_every_n_steps must be a whole number >= 1, got 0."),
-        (lambda: StepBasedEvaluationCallback(2.5), "eval_every_n_steps must be a whole number >= 1, got 2.5."),
-        (lambda: LimitEvalStepsCallback(-1), "LimitEvalStepsCallback: num_eval_steps must be a whole number >= 1, got -1."),
-        (lambda: LimitBatchesCallback(0), "LimitBatchesCallback: num_batches must be a whole number >= 1, got 0."),
+        (
+            lambda: StepBasedEvaluationCallback(0),
+            "StepBasedEvaluationCallback: eval_every_n_steps must be a whole number >= 1, got 0.",
+        ),
+        (
+            lambda: StepBasedEvaluationCallback(2.5),
+            "eval_every_n_steps must be a whole number >= 1, got 2.5.",
+        ),
+        (
+            lambda: LimitEvalStepsCallback(-1),
+            "LimitEvalStepsCallback: num_eval_steps must be a whole number >= 1, got -1.",
+        ),
+        (
+            lambda: LimitBatchesCallback(0),
+            "LimitBatchesCallback: num_batches must be a whole number >= 1, got 0.",
+        ),
         (lambda: LimitBatches(True), "LimitBatches: num_batches must be a whole number >= 1, got True."),
     ],
 )
@@ -171,7 +196,9 @@ def test_limit_eval_steps_rejects_a_non_bool_limit_intermediate_only() -> None:
         LimitEvalStepsCallback(2, limit_intermediate_only="yes")  # type: ignore[arg-type]
 
 
-def test_limit_batches_sets_the_variable_inside_and_restores_the_previous_value(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_limit_batches_sets_the_variable_inside_and_restores_the_previous_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(ENV, raising=False)
     with LimitBatches(3):
         assert os.environ[ENV] == "3"
@@ -197,13 +224,17 @@ def test_limit_batches_docstring_example_runs(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_a_bad_limit_batches_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(ENV, value)
-    with pytest.raises(ValueError, match=rf"{ENV} \(batches per epoch\) must be a whole number >= 1, got '{value}'"):
+    with pytest.raises(
+        ValueError, match=rf"{ENV} \(batches per epoch\) must be a whole number >= 1, got '{value}'"
+    ):
         limit_batches_callback_from_env()
     monkeypatch.delenv(ENV)
     assert limit_batches_callback_from_env() is None
 
 
-def test_trainer_created_under_limit_batches_runs_limited_epochs_and_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
+def test_trainer_created_under_limit_batches_runs_limited_epochs_and_says_so_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with LimitBatches(2):
         trainer, probe = make_trainer()
     trainer.train(TRAIN, num_epochs=2, eval_dataset=EVAL, per_device_batch_size=4)

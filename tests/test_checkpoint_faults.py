@@ -40,12 +40,16 @@ def make_trainer(seed: int = 0) -> Trainer:
 
 
 def train(trainer: Trainer, **kwargs: Any) -> Trainer:
-    trainer.train(make_regression_data(8), num_epochs=kwargs.pop("num_epochs", 1), per_device_batch_size=4, **kwargs)
+    trainer.train(
+        make_regression_data(8), num_epochs=kwargs.pop("num_epochs", 1), per_device_batch_size=4, **kwargs
+    )
     return trainer
 
 
 def snapshot(trainer: Trainer) -> dict[str, Any]:
-    return copy.deepcopy({"model": trainer.get_model().state_dict(), "optimizer": trainer.optimizer.state_dict()})
+    return copy.deepcopy(
+        {"model": trainer.get_model().state_dict(), "optimizer": trainer.optimizer.state_dict()}
+    )
 
 
 def assert_equal_nested(a: Any, b: Any) -> None:
@@ -87,15 +91,43 @@ def zip_bytes() -> bytes:
 
 BAD_FILES = [
     pytest.param(lambda: b"", "is empty (0 bytes)", id="empty"),
-    pytest.param(lambda: torch_bytes()[: len(torch_bytes()) // 2], "is truncated or corrupt (not a complete torch checkpoint)", id="truncated-half"),
-    pytest.param(lambda: torch_bytes()[:-30], "is truncated or corrupt (not a complete torch checkpoint)", id="truncated-end"),
-    pytest.param(lambda: torch_bytes()[:10], "is truncated or corrupt (not a complete torch checkpoint)", id="truncated-head"),
-    pytest.param(lambda: bytes(np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8)), "is not a file written by torch.save", id="random-bytes"),
-    pytest.param(lambda: b"step,loss\n1,0.5\n", "is not a file written by torch.save (it is a text file)", id="text"),
-    pytest.param(lambda: json.dumps({"epoch": 3}).encode(), "is not a file written by torch.save (it is a JSON file)", id="json"),
+    pytest.param(
+        lambda: torch_bytes()[: len(torch_bytes()) // 2],
+        "is truncated or corrupt (not a complete torch checkpoint)",
+        id="truncated-half",
+    ),
+    pytest.param(
+        lambda: torch_bytes()[:-30],
+        "is truncated or corrupt (not a complete torch checkpoint)",
+        id="truncated-end",
+    ),
+    pytest.param(
+        lambda: torch_bytes()[:10],
+        "is truncated or corrupt (not a complete torch checkpoint)",
+        id="truncated-head",
+    ),
+    pytest.param(
+        lambda: bytes(np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8)),
+        "is not a file written by torch.save",
+        id="random-bytes",
+    ),
+    pytest.param(
+        lambda: b"step,loss\n1,0.5\n", "is not a file written by torch.save (it is a text file)", id="text"
+    ),
+    pytest.param(
+        lambda: json.dumps({"epoch": 3}).encode(),
+        "is not a file written by torch.save (it is a JSON file)",
+        id="json",
+    ),
     pytest.param(npy_bytes, "is not a file written by torch.save (it is a numpy .npy file", id="npy"),
-    pytest.param(zip_bytes, "is a zip archive, not a file written by torch.save (it holds no data.pkl)", id="zip"),
-    pytest.param(lambda: pickle.dumps({"epoch": 3}), "is not a file written by torch.save (it is a plain pickle file", id="plain-pickle"),
+    pytest.param(
+        zip_bytes, "is a zip archive, not a file written by torch.save (it holds no data.pkl)", id="zip"
+    ),
+    pytest.param(
+        lambda: pickle.dumps({"epoch": 3}),
+        "is not a file written by torch.save (it is a plain pickle file",
+        id="plain-pickle",
+    ),
 ]
 
 
@@ -158,7 +190,9 @@ def save_faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     (out / "tmp").mkdir()
     command = [sys.executable, str(SAVE_FAULTS_WORKER), "--out", str(out)]
     command += ["--cases", "fsize,parent_is_file,interrupt,checkpoint_fsize"]
-    finished = subprocess.run(command, cwd=out, env=subprocess_env(out / "tmp"), capture_output=True, text=True, timeout=120)
+    finished = subprocess.run(
+        command, cwd=out, env=subprocess_env(out / "tmp"), capture_output=True, text=True, timeout=120
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     return out, json.loads((out / "rank0.json").read_text())
 
@@ -169,48 +203,68 @@ def hidden_litter(folder: Path) -> list[str]:
     return sorted(str(path) for path in found if path.parts[0] != "tmp")
 
 
-def test_save_over_a_file_size_limit_names_the_state_the_file_and_the_os_error(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_save_over_a_file_size_limit_names_the_state_the_file_and_the_os_error(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, results = save_faults
     result = results["fsize"]
     assert result["type"] == "CheckpointWriteError" and result["errno"] == 27
     state = out / "states" / "fsize-step-2"
-    assert result["message"].startswith(f"Could not save the training state to {state}: File too large (errno 27) while writing ")
+    assert result["message"].startswith(
+        f"Could not save the training state to {state}: File too large (errno 27) while writing "
+    )
     assert f"{out / 'states' / '.fsize-step-2.incomplete'}/" in result["message"]
     assert "Nothing was written; the previous states are intact." in result["message"]
     assert not state.exists()
 
 
-def test_failed_saves_leave_no_incomplete_directory_or_temporary_file(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_failed_saves_leave_no_incomplete_directory_or_temporary_file(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, _ = save_faults
     assert hidden_litter(out) == []
 
 
-def test_previous_state_still_loads_and_resumes_after_each_failed_save(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_previous_state_still_loads_and_resumes_after_each_failed_save(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, results = save_faults
-    assert {case: result["resumed_global_step"] for case, result in results.items()} == dict.fromkeys(results, 8)
+    assert {case: result["resumed_global_step"] for case, result in results.items()} == dict.fromkeys(
+        results, 8
+    )
     assert read_manifest(out / "states" / "step-1")["global_step"] == 4
 
 
-def test_save_under_a_parent_that_is_a_file_names_the_path_and_the_file(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_save_under_a_parent_that_is_a_file_names_the_path_and_the_file(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, results = save_faults
     result = results["parent_is_file"]
     assert result["type"] == "CheckpointWriteError" and result["errno"] == 20
-    assert result["message"].startswith(f"Could not save the training state to {out / 'blocker' / 'states' / 'step-2'}: Not a directory")
+    assert result["message"].startswith(
+        f"Could not save the training state to {out / 'blocker' / 'states' / 'step-2'}: Not a directory"
+    )
     assert result["message"].endswith(f"{out / 'blocker'} is a file, not a folder: choose another path.")
 
 
-def test_sigint_during_a_failing_write_raises_keyboard_interrupt_not_torchs_error(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_sigint_during_a_failing_write_raises_keyboard_interrupt_not_torchs_error(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, results = save_faults
     assert results["interrupt"]["type"] == "KeyboardInterrupt"
     assert not (out / "states" / "interrupt-step-2").exists()
 
 
-def test_failed_save_checkpoint_keeps_the_previous_file_and_names_it(save_faults: tuple[Path, dict[str, Any]]) -> None:
+def test_failed_save_checkpoint_keeps_the_previous_file_and_names_it(
+    save_faults: tuple[Path, dict[str, Any]],
+) -> None:
     out, results = save_faults
     result = results["checkpoint_fsize"]
     path = out / "model.pt"
     assert result["type"] == "CheckpointWriteError" and result["errno"] == 27
-    assert result["message"].startswith(f"Could not save the checkpoint to {path}: File too large (errno 27) while writing ")
+    assert result["message"].startswith(
+        f"Could not save the checkpoint to {path}: File too large (errno 27) while writing "
+    )
     assert f"Nothing was written; {path} is unchanged." in result["message"]
     assert safe_torch_load(path)["version"] == 1
 
@@ -218,7 +272,9 @@ def test_failed_save_checkpoint_keeps_the_previous_file_and_names_it(save_faults
 @pytest.mark.parametrize("method", ["save_checkpoint", "save_training_state"])
 def test_save_under_a_parent_that_is_a_file_in_process_leaves_nothing(tmp_path: Path, method: str) -> None:
     (tmp_path / "blocker").write_text("a file")
-    with pytest.raises(CheckpointWriteError, match=f"Could not save the .* to {tmp_path / 'blocker' / 'x'}") as error:
+    with pytest.raises(
+        CheckpointWriteError, match=f"Could not save the .* to {tmp_path / 'blocker' / 'x'}"
+    ) as error:
         getattr(train(make_trainer()), method)(tmp_path / "blocker" / "x")
     assert str(error.value).endswith(f"{tmp_path / 'blocker'} is a file, not a folder: choose another path.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
@@ -243,11 +299,33 @@ def truncate(path: Path) -> None:
 
 
 DAMAGES = [
-    pytest.param("optimizer.pt", truncate, CheckpointFileError, "optimizer.pt is truncated or corrupt", id="truncated-optimizer"),
-    pytest.param("optimizer.pt", Path.unlink, FileNotFoundError, "is missing optimizer.pt", id="missing-optimizer"),
-    pytest.param("trainer_state.pt", truncate, CheckpointFileError, "trainer_state.pt is truncated or corrupt", id="truncated-trainer-state"),
-    pytest.param("rng_state_0.pt", truncate, CheckpointFileError, "rng_state_0.pt is truncated or corrupt", id="truncated-rng"),
-    pytest.param("rng_state_0.pt", Path.unlink, FileNotFoundError, "is missing rng_state_0.pt", id="missing-rng"),
+    pytest.param(
+        "optimizer.pt",
+        truncate,
+        CheckpointFileError,
+        "optimizer.pt is truncated or corrupt",
+        id="truncated-optimizer",
+    ),
+    pytest.param(
+        "optimizer.pt", Path.unlink, FileNotFoundError, "is missing optimizer.pt", id="missing-optimizer"
+    ),
+    pytest.param(
+        "trainer_state.pt",
+        truncate,
+        CheckpointFileError,
+        "trainer_state.pt is truncated or corrupt",
+        id="truncated-trainer-state",
+    ),
+    pytest.param(
+        "rng_state_0.pt",
+        truncate,
+        CheckpointFileError,
+        "rng_state_0.pt is truncated or corrupt",
+        id="truncated-rng",
+    ),
+    pytest.param(
+        "rng_state_0.pt", Path.unlink, FileNotFoundError, "is missing rng_state_0.pt", id="missing-rng"
+    ),
 ]
 
 
@@ -274,7 +352,10 @@ def test_optimizer_state_of_another_optimizer_is_refused_before_the_model_is_loa
     groups = [{"params": [model.weight]}, {"params": [model.bias], "lr": 0.01}]
     trainer = Trainer(model, nn.MSELoss(), torch.optim.Adam(groups, lr=0.1), callbacks=())
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(RuntimeError, match=r"ckpt.pt \(optimizer_state_dict\) does not fit this optimizer: it holds 1 parameter group\(s\) of \[2\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"ckpt.pt \(optimizer_state_dict\) does not fit this optimizer: it holds 1 parameter group\(s\) of \[2\]",
+    ):
         trainer.load_checkpoint(tmp_path / "ckpt.pt")
     assert_equal_nested(model.state_dict(), before)
 
@@ -298,22 +379,37 @@ def manifest_not_finite(state: Path) -> None:
 
 
 FALLBACKS = [
-    pytest.param(lambda state: truncate(state / "optimizer.pt"), "optimizer.pt is truncated or corrupt", id="truncated-optimizer"),
+    pytest.param(
+        lambda state: truncate(state / "optimizer.pt"),
+        "optimizer.pt is truncated or corrupt",
+        id="truncated-optimizer",
+    ),
     pytest.param(nan_weights, "model.pt holds NaN or infinite weights", id="nan-weights"),
-    pytest.param(manifest_not_finite, "holds NaN or infinite weights (so its manifest records)", id="manifest-not-finite"),
+    pytest.param(
+        manifest_not_finite,
+        "holds NaN or infinite weights (so its manifest records)",
+        id="manifest-not-finite",
+    ),
 ]
 
 
 @pytest.mark.parametrize("damage, why", FALLBACKS)
-def test_resume_from_a_folder_skips_a_bad_newest_state_with_a_warning(tmp_path: Path, states: Path, damage: Any, why: str) -> None:
+def test_resume_from_a_folder_skips_a_bad_newest_state_with_a_warning(
+    tmp_path: Path, states: Path, damage: Any, why: str
+) -> None:
     folder = shutil.copytree(states, tmp_path / "states")
     damage(folder / "step-4")
-    with pytest.warns(UserWarning, match=f"Skipped the training state {folder / 'step-4'}: .*{re.escape(why)}.* Resuming from {folder / 'step-2'} instead"):
+    with pytest.warns(
+        UserWarning,
+        match=f"Skipped the training state {folder / 'step-4'}: .*{re.escape(why)}.* Resuming from {folder / 'step-2'} instead",
+    ):
         trainer = train(make_trainer(seed=1), num_epochs=2, resume_from=folder)
     assert trainer.progress.global_step == 4  # 2 restored, then 1 more epoch of 2
 
 
-def test_folder_without_a_good_state_lists_every_candidate_and_its_problem(tmp_path: Path, states: Path) -> None:
+def test_folder_without_a_good_state_lists_every_candidate_and_its_problem(
+    tmp_path: Path, states: Path
+) -> None:
     folder = shutil.copytree(states, tmp_path / "states")
     truncate(folder / "step-4" / "trainer_state.pt")
     nan_weights(folder / "step-2")
@@ -323,7 +419,10 @@ def test_folder_without_a_good_state_lists_every_candidate_and_its_problem(tmp_p
         trainer.load_training_state(folder)
     message = str(error.value)
     assert message.index("step-4: ") < message.index("step-2: ")
-    assert "trainer_state.pt is truncated or corrupt" in message and "model.pt holds NaN or infinite weights" in message
+    assert (
+        "trainer_state.pt is truncated or corrupt" in message
+        and "model.pt holds NaN or infinite weights" in message
+    )
     assert_equal_nested(snapshot(trainer), before)
 
 

@@ -31,23 +31,59 @@ def test_checkpoint_round_trips_model_optimizer_scheduler_and_numpy_and_path_val
     path = tmp_path / "ckpt.pt"
     trainer.save_checkpoint(
         path,
-        checkpoint_kwargs={"epoch": np.int64(3), "acc": np.float32(0.5), "where": tmp_path, "arr": np.arange(3), "nested": {"p": Path("a/b")}},
+        checkpoint_kwargs={
+            "epoch": np.int64(3),
+            "acc": np.float32(0.5),
+            "where": tmp_path,
+            "arr": np.arange(3),
+            "nested": {"p": Path("a/b")},
+        },
     )
     raw = torch.load(path, weights_only=True)
-    assert set(raw) == {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "epoch", "acc", "where", "arr", "nested"}
+    assert set(raw) == {
+        "model_state_dict",
+        "optimizer_state_dict",
+        "scheduler_state_dict",
+        "epoch",
+        "acc",
+        "where",
+        "arr",
+        "nested",
+    }
 
     other = make_trainer(seed=1)
-    other.train(make_regression_data(8), 1, per_device_batch_size=4, create_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1))
+    other.train(
+        make_regression_data(8),
+        1,
+        per_device_batch_size=4,
+        create_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1),
+    )
     loaded = other.load_checkpoint(path)  # the whole dict, as 0.1.61 returned it
-    assert set(loaded) - {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"} == {"epoch", "acc", "where", "arr", "nested"}
+    assert set(loaded) - {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"} == {
+        "epoch",
+        "acc",
+        "where",
+        "arr",
+        "nested",
+    }
     extra = {key: loaded[key] for key in ("epoch", "acc", "where", "arr", "nested")}
-    assert extra == {"epoch": 3, "acc": 0.5, "where": str(tmp_path), "arr": pytest.approx(torch.arange(3)), "nested": {"p": "a/b"}}
+    assert extra == {
+        "epoch": 3,
+        "acc": 0.5,
+        "where": str(tmp_path),
+        "arr": pytest.approx(torch.arange(3)),
+        "nested": {"p": "a/b"},
+    }
     assert torch.equal(other.get_model().weight, trainer.get_model().weight)
-    assert other.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    assert (
+        other.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    )
     assert other.scheduler.state_dict() == trainer.scheduler.state_dict()
 
 
-def test_checkpoint_without_optimizer_state_loads_the_weights_and_leaves_the_optimizer(tmp_path: Path) -> None:
+def test_checkpoint_without_optimizer_state_loads_the_weights_and_leaves_the_optimizer(
+    tmp_path: Path,
+) -> None:
     trainer = make_trainer()
     trainer.save_checkpoint(tmp_path / "w.pt", save_optimizer=False)
     other = make_trainer(seed=1)
@@ -61,7 +97,9 @@ def test_unsafe_checkpoint_value_is_refused_before_anything_is_written(tmp_path:
     class Custom:
         pass
 
-    with pytest.raises(TypeError, match=r"checkpoint_kwargs\['bad'\] holds a .*Custom, which cannot be loaded back safely"):
+    with pytest.raises(
+        TypeError, match=r"checkpoint_kwargs\['bad'\] holds a .*Custom, which cannot be loaded back safely"
+    ):
         make_trainer().save_checkpoint(tmp_path / "c.pt", checkpoint_kwargs={"bad": Custom()})
     assert list(tmp_path.iterdir()) == []
 
@@ -93,7 +131,9 @@ def test_missing_checkpoint_file_names_the_path(tmp_path: Path) -> None:
         make_trainer().load_checkpoint(tmp_path / "nothing.pt")
 
 
-def test_interrupted_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_save_keeps_the_previous_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = make_trainer()
     path = tmp_path / "ckpt.pt"
     trainer.save_checkpoint(path, checkpoint_kwargs={"version": 1})

@@ -56,7 +56,11 @@ class Blocks(nn.Module):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.embed, self.blocks, self.head = nn.Linear(3, 8), nn.ModuleList(Block() for _ in range(3)), nn.Linear(8, 1)
+        self.embed, self.blocks, self.head = (
+            nn.Linear(3, 8),
+            nn.ModuleList(Block() for _ in range(3)),
+            nn.Linear(8, 1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
@@ -76,7 +80,9 @@ class CountAtEpochEnds(TrainerCallback):
 
 
 def make_trainer(model: nn.Module, callbacks: tuple[Any, ...] = ()) -> Trainer:
-    return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), callbacks=callbacks)
+    return Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), callbacks=callbacks
+    )
 
 
 def plain_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -116,8 +122,12 @@ def test_a_compiled_model_trains_evaluates_and_predicts_like_the_plain_one(plain
     assert trainer.run_history.get_metric_values("eval_loss_epoch") == pytest.approx(
         plain_run.run_history.get_metric_values("eval_loss_epoch"), rel=1e-6
     )
-    assert trainer.evaluate(DATA, per_device_batch_size=4) == pytest.approx(plain_run.evaluate(DATA, per_device_batch_size=4))
-    torch.testing.assert_close(trainer.predict(DATA, per_device_batch_size=4), plain_run.predict(DATA, per_device_batch_size=4))
+    assert trainer.evaluate(DATA, per_device_batch_size=4) == pytest.approx(
+        plain_run.evaluate(DATA, per_device_batch_size=4)
+    )
+    torch.testing.assert_close(
+        trainer.predict(DATA, per_device_batch_size=4), plain_run.predict(DATA, per_device_batch_size=4)
+    )
     assert len(backend.graphs) == 2  # evaluate and predict reuse the evaluation graph
 
 
@@ -139,11 +149,15 @@ def test_compile_regions_refuses_a_model_that_is_already_compiled() -> None:
 
 
 @pytest.mark.parametrize("compile_model", [torch.compile, compile_regions], ids=["whole", "regions"])
-def test_checkpoints_move_between_compiled_and_plain_models_both_ways(compile_model: Any, tmp_path: Path) -> None:
+def test_checkpoints_move_between_compiled_and_plain_models_both_ways(
+    compile_model: Any, tmp_path: Path
+) -> None:
     compiled = make_trainer(compile_model(Blocks(), backend=CountingBackend()))
     compiled.train(DATA, num_epochs=1, per_device_batch_size=4)
     compiled.save_checkpoint(tmp_path / "compiled.pt")
-    assert list(torch.load(tmp_path / "compiled.pt", weights_only=True)["model_state_dict"]) == list(Blocks().state_dict())
+    assert list(torch.load(tmp_path / "compiled.pt", weights_only=True)["model_state_dict"]) == list(
+        Blocks().state_dict()
+    )
     plain = make_trainer(Blocks(seed=1))
     plain.load_checkpoint(tmp_path / "compiled.pt")
     assert_same_weights(plain_weights(plain), plain_weights(compiled))
@@ -154,15 +168,21 @@ def test_checkpoints_move_between_compiled_and_plain_models_both_ways(compile_mo
     assert back.optimizer.state_dict()["state"].keys() == compiled.optimizer.state_dict()["state"].keys()
 
 
-def test_a_run_resumes_from_compiled_to_plain_and_back_to_the_uninterrupted_weights(plain_run: Trainer, tmp_path: Path) -> None:
+def test_a_run_resumes_from_compiled_to_plain_and_back_to_the_uninterrupted_weights(
+    plain_run: Trainer, tmp_path: Path
+) -> None:
     compiled = make_trainer(compile_regions(Blocks(), backend=CountingBackend()))
     compiled.train(DATA, num_epochs=1, eval_dataset=DATA, per_device_batch_size=4)
     compiled.save_training_state(tmp_path / "epoch1")
     plain = make_trainer(Blocks(seed=1))
-    plain.train(DATA, num_epochs=2, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch1")
+    plain.train(
+        DATA, num_epochs=2, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch1"
+    )
     plain.save_training_state(tmp_path / "epoch2")
     back = make_trainer(torch.compile(Blocks(seed=2), backend=CountingBackend()))
-    back.train(DATA, num_epochs=3, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch2")
+    back.train(
+        DATA, num_epochs=3, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch2"
+    )
     assert back.progress.global_step == plain_run.progress.global_step == 12
     assert_same_weights(plain_weights(back), plain_weights(plain_run))
 
@@ -191,7 +211,9 @@ def test_accelerate_launch_compiles_by_regions_from_its_dynamo_options(tmp_path:
         "--mixed_precision", "no", "--dynamo_backend", "eager", "--dynamo_use_regional_compilation",
         str(REPO_ROOT / "tests" / "compile_worker.py"), str(tmp_path / "c.pt"),
     ]  # fmt: skip
-    done = subprocess.run(command, env=subprocess_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command, env=subprocess_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout + done.stderr
     result = json.loads(lines[0].removeprefix("RESULT "))

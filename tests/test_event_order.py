@@ -32,7 +32,9 @@ def eval_epoch(num_batches: int) -> list[str]:
 def test_normal_run_fires_every_event_in_documented_order() -> None:
     log: list[str] = []
     trainer = make_recording_trainer(log)
-    trainer.train(make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+    trainer.train(
+        make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2
+    )
 
     epoch = [
         "on_train_epoch_start",
@@ -48,7 +50,9 @@ def test_accumulation_updates_every_n_batches_and_on_the_partial_last_window() -
     log: list[str] = []
     trainer = make_recording_trainer(log)
     # 5 batches with 2 per update: windows [0, 1], [2, 3], [4].
-    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+    trainer.train(
+        make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2
+    )
 
     batches = [train_batch(update) for update in (False, True, False, True, True)]
     expected = [
@@ -68,14 +72,20 @@ def test_accumulation_updates_every_n_batches_and_on_the_partial_last_window() -
 def test_step_metrics_fire_after_the_update_where_a_point_is_due_and_before_step_end() -> None:
     log: list[str] = []
     positions: list = []
-    trainer = make_recording_trainer(log, extra_callbacks=(AskForStepMetrics(every_n_steps=2),), positions=positions)
+    trainer = make_recording_trainer(
+        log, extra_callbacks=(AskForStepMetrics(every_n_steps=2),), positions=positions
+    )
     # 5 batches, 2 per update: updates 1, 2, 3 end batches 1, 3 and 4; a point is due at update 2.
-    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+    trainer.train(
+        make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2
+    )
 
     with_point = [*train_batch(update=True)[:-1], "on_step_metrics", "on_train_step_end"]
     batches = [train_batch(False), train_batch(True), train_batch(False), with_point, train_batch(True)]
     assert log[2:-3] == ["on_train_epoch_start", *[event for batch in batches for event in batch]]
-    assert [(step, event) for _, step, event in positions if event == "on_step_metrics"] == [(2, "on_step_metrics")]
+    assert [(step, event) for _, step, event in positions if event == "on_step_metrics"] == [
+        (2, "on_step_metrics")
+    ]
     assert [step for step, _ in trainer.run_history.get_step_metric_values("train_loss")] == [2]
 
 
@@ -107,7 +117,9 @@ def test_max_num_train_steps_stops_mid_epoch_then_ends_the_epoch_and_the_run() -
 
 
 class StopAtSecondStep(TrainerCallback):
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if trainer.progress.global_step == 2:
             raise StopTrainingError("enough")
 
@@ -115,7 +127,9 @@ class StopAtSecondStep(TrainerCallback):
 def test_stop_training_error_fires_stop_event_then_run_end_and_returns_normally() -> None:
     log: list[str] = []
     trainer = make_recording_trainer(log, extra_callbacks=(StopAtSecondStep(),))
-    trainer.train(make_regression_data(10), num_epochs=3, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+    trainer.train(
+        make_regression_data(10), num_epochs=3, eval_dataset=make_regression_data(2), per_device_batch_size=2
+    )
 
     assert log == [
         "on_init_end",
@@ -171,7 +185,9 @@ def test_every_event_sees_the_epoch_and_global_step_it_fires_at() -> None:
     log: list[str] = []
     positions: list[tuple[int, int, str]] = []
     trainer = make_recording_trainer(log, positions=positions)
-    trainer.train(make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2)
+    trainer.train(
+        make_regression_data(4), num_epochs=2, eval_dataset=make_regression_data(2), per_device_batch_size=2
+    )
 
     def epoch(number: int) -> list[tuple[int, int, str]]:
         first, last = 2 * number, 2 * number + 2
@@ -194,7 +210,9 @@ def test_every_event_sees_the_epoch_and_global_step_it_fires_at() -> None:
 def test_accumulating_batches_leave_the_global_step_until_the_window_completes() -> None:
     positions: list[tuple[int, int, str]] = []
     trainer = make_recording_trainer([], positions=positions)
-    trainer.train(make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2)
+    trainer.train(
+        make_regression_data(10), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2
+    )
 
     step_ends = [(epoch, step) for epoch, step, event in positions if event == "on_train_step_end"]
     assert step_ends == [(0, 0), (0, 1), (0, 1), (0, 2), (0, 3)]
@@ -230,7 +248,9 @@ class RecordUpdateSteps(TrainerCallback):
     def __init__(self) -> None:
         self.flags: list[bool] = []
 
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         self.flags.append(is_update_step)
 
 
@@ -238,7 +258,9 @@ def test_on_train_step_end_is_told_which_batches_complete_an_update() -> None:
     recorder = RecordUpdateSteps()
     trainer = make_recording_trainer([], extra_callbacks=(recorder,))
     # 5 batches per epoch with 2 per update: windows [0, 1], [2, 3], [4]; two epochs.
-    trainer.train(make_regression_data(10), num_epochs=2, per_device_batch_size=2, gradient_accumulation_steps=2)
+    trainer.train(
+        make_regression_data(10), num_epochs=2, per_device_batch_size=2, gradient_accumulation_steps=2
+    )
 
     assert recorder.flags == [False, True, False, True, True] * 2
     assert trainer.progress.global_step == recorder.flags.count(True)

@@ -27,15 +27,32 @@ TINY = ["--train-samples", "512", "--eval-samples", "128", "--batch-size", "16",
 def _run(tmp_path: Path, nproc: int, epochs: int) -> re.Match[str]:
     launcher = [sys.executable]
     if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                     "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
     command = [*launcher, str(SCRIPT), *TINY, "--epochs", str(epochs)]
-    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     output = result.stdout + result.stderr
-    final = re.search(r"^FINAL processes=(\d+) eval_loss=([0-9.]+) eval_accuracy=([0-9.]+)$", output, re.MULTILINE)
-    returncode = 0 if finished_but_aborted_at_teardown(result.returncode, output, final is not None) else result.returncode
-    assert returncode == 0 and final is not None, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
+    final = re.search(
+        r"^FINAL processes=(\d+) eval_loss=([0-9.]+) eval_accuracy=([0-9.]+)$", output, re.MULTILINE
+    )
+    returncode = (
+        0
+        if finished_but_aborted_at_teardown(result.returncode, output, final is not None)
+        else result.returncode
+    )
+    assert returncode == 0 and final is not None, (
+        f"{' '.join(command)} exited with {result.returncode}:\n{output}"
+    )
     losses = [float(v) for v in re.search(r"^TRAIN_LOSSES=(.*)$", output, re.MULTILINE).group(1).split()]
     assert len(losses) == epochs and losses[-1] < losses[0] / 2, losses
     return final
@@ -52,7 +69,9 @@ def _load_example() -> ModuleType:
 def test_batch_loss_is_the_models_mean_over_labelled_reviews_and_counts_them():
     example = _load_example()
     reviews = example.generate_reviews(8, seed=3)
-    reviews = [(text, example.IGNORE_INDEX if i in (1, 4, 5) else label) for i, (text, label) in enumerate(reviews)]
+    reviews = [
+        (text, example.IGNORE_INDEX if i in (1, 4, 5) else label) for i, (text, label) in enumerate(reviews)
+    ]
     batch = example.collate_reviews([example.ReviewDataset(reviews)[i] for i in range(8)])
     torch.manual_seed(0)
     model = example.create_model(hidden_size=16, num_layers=1)
@@ -63,7 +82,9 @@ def test_batch_loss_is_the_models_mean_over_labelled_reviews_and_counts_them():
     labelled = batch["labels"] != example.IGNORE_INDEX
     expected = torch.nn.functional.cross_entropy(output["model_outputs"][labelled], batch["labels"][labelled])
     assert torch.allclose(output["loss"], expected)
-    assert batch["input_ids"].shape[1] == max(len(text.split()) + 1 for text, _ in reviews)  # padded to the longest
+    assert batch["input_ids"].shape[1] == max(
+        len(text.split()) + 1 for text, _ in reviews
+    )  # padded to the longest
 
 
 def test_transformers_example_learns_on_one_process(tmp_path):

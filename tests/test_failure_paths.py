@@ -37,7 +37,9 @@ EVALUATE_EVENTS = (
 )
 END_EVENTS = ("on_stop_training_error", "on_training_run_end", "on_evaluation_run_end")
 TRAIN_EVENTS = tuple(
-    e for e in TRAINER_EVENTS if e not in ("on_init_end", "on_exception", "on_evaluation_run_start", "on_evaluation_run_end")
+    e
+    for e in TRAINER_EVENTS
+    if e not in ("on_init_end", "on_exception", "on_evaluation_run_start", "on_evaluation_run_end")
 )
 
 
@@ -65,7 +67,9 @@ def raising_at(event: str, error: BaseException, at: int = 1) -> TrainerCallback
 
 
 class StopAtSecondUpdate(TrainerCallback):
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step and trainer.progress.global_step == 2:
             raise StopTrainingError("enough")
 
@@ -81,11 +85,15 @@ class RecordException(TrainerCallback):
 def make_trainer(callbacks: tuple, trainer_class: type[Trainer] = Trainer) -> Trainer:
     model = make_linear_model()
     callbacks = (AskForStepMetrics(every_n_steps=1), *callbacks)  # so that on_step_metrics fires too
-    return trainer_class(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=callbacks)
+    return trainer_class(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=callbacks
+    )
 
 
 def train(trainer: Trainer) -> None:
-    trainer.train(make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=2)
+    trainer.train(
+        make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=2
+    )
 
 
 # ---------------------------------------------------------------------------- StopTrainingError
@@ -151,13 +159,17 @@ def test_stop_training_error_in_evaluate_ends_it_records_no_partial_loss_and_ret
 
 def test_stop_training_error_at_an_evaluation_batch_ends_the_evaluation_at_that_batch() -> None:
     log: list[str] = []
-    trainer = make_trainer((EventRecorder(log), raising_at("on_eval_step_end", StopTrainingError("stop"), at=2)))
+    trainer = make_trainer(
+        (EventRecorder(log), raising_at("on_eval_step_end", StopTrainingError("stop"), at=2))
+    )
     assert trainer.evaluate(make_regression_data(10), per_device_batch_size=2) == {}
 
     assert log.count("on_eval_step_end") == 2 and "on_eval_epoch_end" not in log
 
 
-@pytest.mark.parametrize("method", ["evaluation_run_start", "eval_epoch_start", "calculate_eval_batch_loss", "eval_epoch_end"])
+@pytest.mark.parametrize(
+    "method", ["evaluation_run_start", "eval_epoch_start", "calculate_eval_batch_loss", "eval_epoch_end"]
+)
 def test_stop_training_error_in_an_overridable_method_of_evaluate_returns_normally(method: str) -> None:
     log: list[str] = []
     trainer = make_trainer((EventRecorder(log),), trainer_raising_in(method, StopTrainingError("stop")))
@@ -167,7 +179,9 @@ def test_stop_training_error_in_an_overridable_method_of_evaluate_returns_normal
 
 
 @pytest.mark.parametrize("event", END_EVENTS)
-def test_stop_training_error_in_an_end_event_skips_its_other_callbacks_and_returns_normally(event: str) -> None:
+def test_stop_training_error_in_an_end_event_skips_its_other_callbacks_and_returns_normally(
+    event: str,
+) -> None:
     log: list[str] = []
     callbacks = (StopAtSecondUpdate(), raising_at(event, StopTrainingError("stop")), EventRecorder(log))
     trainer = make_trainer(callbacks)
@@ -227,13 +241,21 @@ def assert_nothing_held(trainer: Trainer, handlers_before: dict[int, Any]) -> No
 
 
 @pytest.mark.parametrize("event", [e for e in TRAINER_EVENTS if e not in ("on_init_end", "on_exception")])
-def test_an_exception_in_any_event_fires_on_exception_once_and_leaves_nothing_held(event: str, tmp_path: Path) -> None:
+def test_an_exception_in_any_event_fires_on_exception_once_and_leaves_nothing_held(
+    event: str, tmp_path: Path
+) -> None:
     handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
     error = Boom(f"raised in {event}")
     log: list[str] = []
     recorder = RecordException()
     trigger = (StopAtSecondUpdate(),) if event == "on_stop_training_error" else ()
-    callbacks = (*trigger, *holding_callbacks(tmp_path), EventRecorder(log), recorder, raising_at(event, error))
+    callbacks = (
+        *trigger,
+        *holding_callbacks(tmp_path),
+        EventRecorder(log),
+        recorder,
+        raising_at(event, error),
+    )
     trainer = make_trainer(callbacks)
 
     with pytest.raises(Boom) as raised:
@@ -248,7 +270,9 @@ def test_an_exception_in_any_event_fires_on_exception_once_and_leaves_nothing_he
 
 
 @pytest.mark.parametrize("method", TRAIN_METHODS + ("training_run_end",))
-def test_an_exception_in_any_overridable_method_fires_on_exception_and_leaves_nothing_held(method: str, tmp_path: Path) -> None:
+def test_an_exception_in_any_overridable_method_fires_on_exception_and_leaves_nothing_held(
+    method: str, tmp_path: Path
+) -> None:
     handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
     recorder = RecordException()
     trainer = make_trainer((*holding_callbacks(tmp_path), recorder), trainer_raising_in(method, Boom(method)))
@@ -263,7 +287,9 @@ def test_an_exception_in_any_overridable_method_fires_on_exception_and_leaves_no
 def test_a_keyboard_interrupt_fires_on_exception_and_reaches_the_caller(tmp_path: Path) -> None:
     handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
     recorder = RecordException()
-    trainer = make_trainer((*holding_callbacks(tmp_path), recorder, raising_at("on_train_step_end", KeyboardInterrupt())))
+    trainer = make_trainer(
+        (*holding_callbacks(tmp_path), recorder, raising_at("on_train_step_end", KeyboardInterrupt()))
+    )
 
     with pytest.raises(KeyboardInterrupt):
         train(trainer)
@@ -277,7 +303,9 @@ class FailingRelease(TrainerCallback):
         raise ValueError("release failed too")
 
 
-def test_a_callback_failing_in_on_exception_does_not_stop_the_others_or_replace_the_error(tmp_path: Path) -> None:
+def test_a_callback_failing_in_on_exception_does_not_stop_the_others_or_replace_the_error(
+    tmp_path: Path,
+) -> None:
     recorder = RecordException()
     error = Boom("first")
     trainer = make_trainer((FailingRelease(), recorder, raising_at("on_train_epoch_end", error)))
@@ -286,7 +314,9 @@ def test_a_callback_failing_in_on_exception_does_not_stop_the_others_or_replace_
         train(trainer)
 
     assert raised.value is error and recorder.exceptions == [error]
-    assert any("FailingRelease.on_exception also raised ValueError" in note for note in raised.value.__notes__)
+    assert any(
+        "FailingRelease.on_exception also raised ValueError" in note for note in raised.value.__notes__
+    )
 
 
 def test_after_a_failed_run_the_next_train_runs_cleanly(tmp_path: Path) -> None:
@@ -354,7 +384,9 @@ class EvaluatesInsideTheRun(TrainerCallback):
 
 def test_an_exception_passing_through_a_nested_evaluate_fires_on_exception_once() -> None:
     recorder = RecordException()
-    trainer = make_trainer((EvaluatesInsideTheRun(), recorder, raising_at("on_eval_step_end", Boom("nested"))))
+    trainer = make_trainer(
+        (EvaluatesInsideTheRun(), recorder, raising_at("on_eval_step_end", Boom("nested")))
+    )
     with pytest.raises(Boom):
         train(trainer)
     assert len(recorder.exceptions) == 1
@@ -371,7 +403,9 @@ def test_a_stop_while_setting_up_ends_train_before_it_starts_with_no_event(metho
 
 def test_a_failure_while_setting_up_fires_no_event_since_nothing_started() -> None:
     log: list[str] = []
-    trainer = make_trainer((EventRecorder(log),), trainer_raising_in("create_train_dataloader", Boom("no loader")))
+    trainer = make_trainer(
+        (EventRecorder(log),), trainer_raising_in("create_train_dataloader", Boom("no loader"))
+    )
     with pytest.raises(Boom):
         train(trainer)
     assert log == ["on_init_end"]

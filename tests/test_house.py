@@ -50,7 +50,8 @@ def test_every_function_is_at_most_40_lines_besides_its_docstring() -> None:
         f"{module_name(path)}.{node.name} ({function_length(node)} lines)"
         for path in MODULES
         for node in ast.walk(parse(path))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_length(node) > MAX_FUNCTION_LINES
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and function_length(node) > MAX_FUNCTION_LINES
     ]
     assert too_long == []
 
@@ -99,8 +100,14 @@ def test_only_the_package_entry_point_imports_the_trainer_at_run_time() -> None:
 def test_lower_layers_do_not_import_upper_ones() -> None:
     # trainer -> callbacks -> checkpoints / schedulers / data -> small helpers
     forbidden = {
-        "pytorch_accelerated.checkpoints": ("pytorch_accelerated.callbacks", "pytorch_accelerated.schedulers"),
-        "pytorch_accelerated.schedulers": ("pytorch_accelerated.callbacks", "pytorch_accelerated.checkpoints"),
+        "pytorch_accelerated.checkpoints": (
+            "pytorch_accelerated.callbacks",
+            "pytorch_accelerated.schedulers",
+        ),
+        "pytorch_accelerated.schedulers": (
+            "pytorch_accelerated.callbacks",
+            "pytorch_accelerated.checkpoints",
+        ),
         "pytorch_accelerated.data": ("pytorch_accelerated.callbacks", "pytorch_accelerated.checkpoints"),
         "pytorch_accelerated._internal": (
             "pytorch_accelerated.callbacks",
@@ -119,7 +126,11 @@ def test_lower_layers_do_not_import_upper_ones() -> None:
             if not name.startswith(lower):
                 continue
             for node in _imports_outside_type_checking(parse(path)):
-                crossings += [f"{name} imports {target}" for target in _imported_modules(path, node) if target.startswith(upper)]
+                crossings += [
+                    f"{name} imports {target}"
+                    for target in _imported_modules(path, node)
+                    if target.startswith(upper)
+                ]
     assert crossings == []
 
 
@@ -151,10 +162,17 @@ def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
     docstring = pytorch_accelerated.__doc__ or ""
     top_level = {path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
     subpackages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
-    missing = sorted(name for name in top_level | subpackages if not re.search(rf"\b{re.escape(name)}\b", docstring))
+    missing = sorted(
+        name for name in top_level | subpackages if not re.search(rf"\b{re.escape(name)}\b", docstring)
+    )
     assert missing == []
 
 
 def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it() -> None:
     folders = {path.parent for path in MODULES}
-    assert sorted(str(folder.relative_to(PACKAGE)) for folder in folders if not (folder / "__init__.py").exists()) == []
+    assert (
+        sorted(
+            str(folder.relative_to(PACKAGE)) for folder in folders if not (folder / "__init__.py").exists()
+        )
+        == []
+    )

@@ -25,7 +25,10 @@ class Stream(IterableDataset):
 
     def __init__(self, num_samples: int) -> None:
         generator = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(num_samples, 3, generator=generator), torch.randn(num_samples, 1, generator=generator)
+        self.x, self.y = (
+            torch.randn(num_samples, 3, generator=generator),
+            torch.randn(num_samples, 1, generator=generator),
+        )
 
     def __iter__(self) -> Any:
         yield from zip(self.x, self.y, strict=True)
@@ -39,13 +42,24 @@ class SizedStream(Stream):
 def make_trainer(progress_bar: bool = True) -> Trainer:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=get_default_callbacks(progress_bar=progress_bar))
+    return Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        callbacks=get_default_callbacks(progress_bar=progress_bar),
+    )
 
 
 def test_a_stream_trains_for_max_num_train_steps_with_the_progress_bar() -> None:
     trainer = make_trainer()
     # 33 samples in batches of 4: 9 batches per pass, 5 updates (the last window is 1 batch).
-    trainer.train(Stream(33), num_epochs=1, per_device_batch_size=4, gradient_accumulation_steps=2, max_num_train_steps=7)
+    trainer.train(
+        Stream(33),
+        num_epochs=1,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_num_train_steps=7,
+    )
     assert trainer.progress.global_step == 7
     assert trainer.run_config.num_update_steps_per_epoch is None
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
@@ -53,7 +67,13 @@ def test_a_stream_trains_for_max_num_train_steps_with_the_progress_bar() -> None
 
 def test_a_stream_trains_one_pass_per_epoch_and_evaluates_with_the_bar() -> None:
     trainer = make_trainer()
-    trainer.train(Stream(33), num_epochs=2, eval_dataset=Stream(10), per_device_batch_size=4, gradient_accumulation_steps=2)
+    trainer.train(
+        Stream(33),
+        num_epochs=2,
+        eval_dataset=Stream(10),
+        per_device_batch_size=4,
+        gradient_accumulation_steps=2,
+    )
     assert trainer.progress.global_step == 2 * 5
     assert len(trainer.run_history.get_metric_values("eval_loss_epoch")) == 2
 
@@ -68,9 +88,14 @@ def test_a_stream_with_a_length_knows_its_steps() -> None:
 def test_a_scheduler_that_needs_the_steps_of_a_stream_says_they_are_unknown(placeholder: str) -> None:
     trainer = make_trainer(progress_bar=False)
     scheduler = functools.partial(
-        torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, epochs=1, steps_per_epoch=getattr(TrainerPlaceholderValues, placeholder)
+        torch.optim.lr_scheduler.OneCycleLR,
+        max_lr=0.1,
+        epochs=1,
+        steps_per_epoch=getattr(TrainerPlaceholderValues, placeholder),
     )
-    with pytest.raises(ValueError, match=rf"{placeholder} is not known for this run: the training data set is a stream"):
+    with pytest.raises(
+        ValueError, match=rf"{placeholder} is not known for this run: the training data set is a stream"
+    ):
         trainer.train(Stream(8), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=scheduler)
 
 
@@ -93,11 +118,22 @@ def test_evaluating_a_stream_counts_each_sample_once() -> None:
 @pytest.mark.parametrize("num_processes", [2, 3, 4])
 @pytest.mark.parametrize("batch_size", [1, 2, 3])
 @pytest.mark.parametrize("num_samples", [1, 2, 3, 5, 7, 33])
-def test_evaluation_shards_take_each_sample_once_in_equal_batch_counts(num_samples: int, batch_size: int, num_processes: int) -> None:
-    samplers = [ShardedEvalBatchSampler(num_samples, batch_size, num_processes, p) for p in range(num_processes)]
+def test_evaluation_shards_take_each_sample_once_in_equal_batch_counts(
+    num_samples: int, batch_size: int, num_processes: int
+) -> None:
+    samplers = [
+        ShardedEvalBatchSampler(num_samples, batch_size, num_processes, p) for p in range(num_processes)
+    ]
     shares = [list(sampler) for sampler in samplers]
-    assert len({len(share) for share in shares}) == 1 and all(len(batch) > 0 for share in shares for batch in share)
-    own = [i for sampler, share in zip(samplers, shares, strict=True) for batch in share[: sampler.num_real_batches] for i in batch]
+    assert len({len(share) for share in shares}) == 1 and all(
+        len(batch) > 0 for share in shares for batch in share
+    )
+    own = [
+        i
+        for sampler, share in zip(samplers, shares, strict=True)
+        for batch in share[: sampler.num_real_batches]
+        for i in batch
+    ]
     assert sorted(own) == list(range(num_samples))
     assert all(len(batch) <= batch_size for share in shares for batch in share)
 
@@ -106,11 +142,18 @@ def test_evaluation_shards_take_each_sample_once_in_equal_batch_counts(num_sampl
 @pytest.mark.parametrize("num_batches", [1, 2, 4, 5])
 def test_a_stream_is_split_by_batches_with_marked_padding(num_batches: int, num_processes: int) -> None:
     loader = DataLoader(Stream(num_batches * 2), batch_size=2)
-    shards = [ShardedStreamLoader(loader, torch.device("cpu"), num_processes, p) for p in range(num_processes)]
-    batches = [[(number, batch[0], shard.num_real_batches) for number, batch in enumerate(shard)] for shard in shards]
+    shards = [
+        ShardedStreamLoader(loader, torch.device("cpu"), num_processes, p) for p in range(num_processes)
+    ]
+    batches = [
+        [(number, batch[0], shard.num_real_batches) for number, batch in enumerate(shard)] for shard in shards
+    ]
     assert {len(share) for share in batches} == {math.ceil(num_batches / num_processes)}
     own = [x for share in batches for number, x, real in share if real is None or number < real]
-    torch.testing.assert_close(torch.cat(sorted(own, key=lambda x: x[0, 0].item())), torch.cat(sorted(loader_x(loader), key=lambda x: x[0, 0].item())))
+    torch.testing.assert_close(
+        torch.cat(sorted(own, key=lambda x: x[0, 0].item())),
+        torch.cat(sorted(loader_x(loader), key=lambda x: x[0, 0].item())),
+    )
 
 
 def loader_x(loader: DataLoader) -> list[torch.Tensor]:
@@ -126,8 +169,12 @@ def test_training_states_of_a_stream_save_and_resume_to_the_same_weights(tmp_pat
         saver = SaveTrainingStateCallback(tmp_path, save_every_n_steps=2, save_at_end=False)
         trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=[saver])
         trainer.train(
-            Stream(33), num_epochs=3, per_device_batch_size=4, gradient_accumulation_steps=2,
-            max_num_train_steps=max_steps, resume_from=tmp_path if resume else None,
+            Stream(33),
+            num_epochs=3,
+            per_device_batch_size=4,
+            gradient_accumulation_steps=2,
+            max_num_train_steps=max_steps,
+            resume_from=tmp_path if resume else None,
         )
         return trainer
 

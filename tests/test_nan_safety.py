@@ -258,7 +258,10 @@ def test_wsd_does_not_write_checkpoints_after_a_nan(
         create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3),
     )
     assert trainer.progress.global_step == 19
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_10_wsd_post_decay.pt", "checkpoint_9_wsd_pre_decay"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint_10_wsd_post_decay.pt",
+        "checkpoint_9_wsd_pre_decay",
+    ]
     assert wsd.saved_checkpoints == [
         str(tmp_path / "checkpoint_9_wsd_pre_decay"),
         str(tmp_path / "checkpoint_10_wsd_post_decay.pt"),
@@ -266,7 +269,9 @@ def test_wsd_does_not_write_checkpoints_after_a_nan(
     assert is_finite(safe_torch_load(tmp_path / "checkpoint_9_wsd_pre_decay" / "model.pt"))
     assert is_finite(safe_torch_load(tmp_path / "checkpoint_10_wsd_post_decay.pt")["model_state_dict"])
     out = capsys.readouterr().out
-    assert f"Not saving the training state {str(tmp_path / 'checkpoint_19_wsd_pre_decay')!r} at step 19" in out
+    assert (
+        f"Not saving the training state {str(tmp_path / 'checkpoint_19_wsd_pre_decay')!r} at step 19" in out
+    )
 
 
 def test_save_checkpoint_outside_a_run_refuses_nan_weights_and_keeps_the_file(tmp_path: Path) -> None:

@@ -72,7 +72,9 @@ class PrecisionTrainer(Trainer):
 
 
 def precision_trainer(mixed_precision: str, model: nn.Module, lr: float = 0.05) -> Trainer:
-    trainer_cls = type(f"{mixed_precision.upper()}Trainer", (PrecisionTrainer,), {"mixed_precision": mixed_precision})
+    trainer_cls = type(
+        f"{mixed_precision.upper()}Trainer", (PrecisionTrainer,), {"mixed_precision": mixed_precision}
+    )
     return trainer_cls(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=lr), callbacks=())
 
 
@@ -103,8 +105,9 @@ def test_accelerate_launch_mixed_precision_bf16_reaches_the_trainer(tmp_path: Pa
     # The first way: `accelerate launch --mixed_precision bf16`, for real (it sets
     # ACCELERATE_MIXED_PRECISION for the script), with the Trainer's default _create_accelerator.
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import torch
         from torch import nn
         from torch.utils.data import TensorDataset
@@ -117,11 +120,26 @@ def test_accelerate_launch_mixed_precision_bf16_reaches_the_trainer(tmp_path: Pa
         trainer.train(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), num_epochs=1, per_device_batch_size=8)
         print("RESULT", trainer.run_config.mixed_precision, sorted(str(dtype) for dtype in seen))
         """
-    ))
+        )
+    )
     launcher = Path(sys.executable).with_name("accelerate")
-    command = [str(launcher), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-               "--dynamo_backend", "no", "--mixed_precision", "bf16", str(script)]
-    result = subprocess.run(command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120)
+    command = [
+        str(launcher),
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--dynamo_backend",
+        "no",
+        "--mixed_precision",
+        "bf16",
+        str(script),
+    ]
+    result = subprocess.run(
+        command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RESULT bf16 ['torch.bfloat16']" in result.stdout, result.stdout + result.stderr
 
@@ -182,7 +200,9 @@ class UpdateRecorder(TrainerCallback):
         self.updates: list[tuple[int, int, int]] = []  # (batch, global_step, epoch_step)
         self.batches = 0
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, step: int = 0, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, step: int = 0, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         self.batches += 1
         if is_update_step:
             self.updates.append((step, trainer.progress.global_step, trainer.progress.epoch_step))
@@ -203,8 +223,12 @@ def train_with_overflow(max_num_train_steps: int | None) -> tuple[Trainer, Updat
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     trainer = ScaledFP16Trainer(model, nn.MSELoss(), optimizer, callbacks=[recorder])
     trainer.train(
-        overflowing_data(), num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=2,
-        max_grad_norm=1.0, max_num_train_steps=max_num_train_steps,
+        overflowing_data(),
+        num_epochs=1,
+        per_device_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
+        max_num_train_steps=max_num_train_steps,
         create_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
         train_dataloader_kwargs={"shuffle": False},
     )
@@ -218,7 +242,9 @@ def test_an_update_the_fp16_scaler_skips_advances_neither_the_scheduler_nor_the_
     # 4 windows of 2 batches, the second skipped: 3 updates, each counted and announced once
     assert trainer.progress.global_step == 3 and recorder.batches == 8
     assert recorder.updates == [(1, 1, 1), (5, 2, 2), (7, 3, 3)]  # (batch, global_step, epoch_step)
-    assert trainer.scheduler.last_epoch == 3 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**3)
+    assert trainer.scheduler.last_epoch == 3 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(
+        0.01 * 0.5**3
+    )
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
@@ -232,10 +258,19 @@ def test_max_num_train_steps_counts_updates_that_were_applied() -> None:
 
 def test_the_prepared_gpu_check_of_skipped_updates_passes_as_a_cpu_dry_run(tmp_path: Path) -> None:
     # benchmarks/gpu_checks.py runs on a lent GPU; here its logic runs on the CPU, so it does not rot.
-    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_checks.py"), "--cpu-dry-run",
-               "--only", "fp16_overflow_skip_advances_no_counter"]
-    result = subprocess.run(command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "GPU_CHECKS passed=1 failed=0" in result.stdout, result.stdout + result.stderr
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks" / "gpu_checks.py"),
+        "--cpu-dry-run",
+        "--only",
+        "fp16_overflow_skip_advances_no_counter",
+    ]
+    result = subprocess.run(
+        command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and "GPU_CHECKS passed=1 failed=0" in result.stdout, (
+        result.stdout + result.stderr
+    )
 
 
 # ---------------------------------------------------------------- DeepSpeed and FSDP pass-through
@@ -268,7 +303,9 @@ class EngineReportingAccelerator(Accelerator):
             self.reporting = True
 
 
-def engine_trainer(engine: DistributedType, callbacks: Any = (), plugin: DeepSpeedPlugin | None = None) -> Trainer:
+def engine_trainer(
+    engine: DistributedType, callbacks: Any = (), plugin: DeepSpeedPlugin | None = None
+) -> Trainer:
     class EngineTrainer(Trainer):
         def _create_accelerator(self) -> Accelerator:
             return EngineReportingAccelerator(engine, plugin)
@@ -313,13 +350,20 @@ def test_without_an_engine_model_and_optimizer_are_prepared_one_by_one() -> None
         (DistributedType.FSDP, r"train\(max_grad_norm=1.0, ...\) in place of gradient_clip_value"),
     ],
 )
-def test_clipping_by_value_under_deepspeed_or_fsdp_is_refused_before_training(engine: DistributedType, fix: str) -> None:
+def test_clipping_by_value_under_deepspeed_or_fsdp_is_refused_before_training(
+    engine: DistributedType, fix: str
+) -> None:
     trainer = engine_trainer(engine)
     name = "DeepSpeed" if engine == DistributedType.DEEPSPEED else "FSDP"
-    with pytest.raises(ValueError, match=rf"gradient_clip_value=0.5 clips each gradient element, which accelerate does not support under {name}.*{fix}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"gradient_clip_value=0.5 clips each gradient element, which accelerate does not support under {name}.*{fix}",
+    ):
         trainer.train(make_data(16), num_epochs=1, per_device_batch_size=4, gradient_clip_value=0.5)
     assert trainer.accelerator.prepare_calls == [] and trainer.progress.global_step == 0  # before any set-up
-    with pytest.raises(Exception, match="do not support `clip_grad_value_`"):  # what accelerate would do later
+    with pytest.raises(
+        Exception, match="do not support `clip_grad_value_`"
+    ):  # what accelerate would do later
         trainer.accelerator.clip_grad_value_(trainer.model.parameters(), 0.5)
 
 
@@ -328,14 +372,23 @@ def test_clipping_by_value_under_deepspeed_or_fsdp_is_refused_before_training(en
     [(2, None), (1, 4)],
     ids=["train(gradient_accumulation_steps=2)", "gradient_accumulation_steps: 4 in the DeepSpeed config"],
 )
-def test_gradient_accumulation_under_deepspeed_is_refused_before_training(in_train: int, in_config: int | None) -> None:
+def test_gradient_accumulation_under_deepspeed_is_refused_before_training(
+    in_train: int, in_config: int | None
+) -> None:
     # accelerate would mark every batch as a window's end for DeepSpeed's engine: it would
     # update after every batch, silently. (A real DeepSpeedPlugin: it needs no deepspeed.)
-    plugin = None if in_config is None else DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=in_config)
+    plugin = (
+        None if in_config is None else DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=in_config)
+    )
     trainer = engine_trainer(DistributedType.DEEPSPEED, plugin=plugin)
-    with pytest.raises(ValueError, match=rf"Gradient accumulation is not supported under DeepSpeed \(train\(gradient_accumulation_steps="
-                       rf"{in_train}\), DeepSpeed config gradient_accumulation_steps={in_config}\).*Set gradient_accumulation_steps to 1 in both"):
-        trainer.train(make_data(16), num_epochs=1, per_device_batch_size=4, gradient_accumulation_steps=in_train)
+    with pytest.raises(
+        ValueError,
+        match=rf"Gradient accumulation is not supported under DeepSpeed \(train\(gradient_accumulation_steps="
+        rf"{in_train}\), DeepSpeed config gradient_accumulation_steps={in_config}\).*Set gradient_accumulation_steps to 1 in both",
+    ):
+        trainer.train(
+            make_data(16), num_epochs=1, per_device_batch_size=4, gradient_accumulation_steps=in_train
+        )
     assert trainer.accelerator.prepare_calls == []
 
 

@@ -86,7 +86,9 @@ def run_under_pty(command: list[str], env: dict[str, str], timeout_s: float = 60
             chunks.append(chunk)
         else:
             process.kill()
-            pytest.fail(f"The run under a terminal did not finish in {timeout_s} s:\n{b''.join(chunks).decode()}")
+            pytest.fail(
+                f"The run under a terminal did not finish in {timeout_s} s:\n{b''.join(chunks).decode()}"
+            )
     finally:
         os.close(leader)
         process.wait(timeout=30)
@@ -144,13 +146,17 @@ def test_format_metric_value_shows_every_type_at_one_precision(value: Any, shown
 
 
 def test_piped_output_has_no_bar_one_summary_line_per_epoch_and_one_precision(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, WORKER], env=worker_env(tmp_path), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, WORKER], env=worker_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "\r" not in done.stdout + done.stderr
     lines = done.stdout.splitlines()
     summaries = [line for line in lines if line.startswith("epoch ")]
     assert len(summaries) == 2, done.stdout
-    assert re.match(summary_line(1, 11), summaries[0]) and re.match(summary_line(2, 22), summaries[1]), summaries
+    assert re.match(summary_line(1, 11), summaries[0]) and re.match(summary_line(2, 22), summaries[1]), (
+        summaries
+    )
     assert lines.count("accuracy: 0.198") == 2, done.stdout  # a tensor metric prints like a float
     assert_one_precision(lines)
     assert lines.count(CALLBACK_LINE) == 1
@@ -168,7 +174,15 @@ def test_terminal_shows_bars_with_true_final_states_and_prints_above_them(tmp_pa
 
 
 def test_two_processes_print_one_set_of_progress_lines_with_true_final_states(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+    ]
     command += ["--master_port", str(free_port()), WORKER, "--samples", "88"]
     done = subprocess.run(command, env=worker_env(tmp_path), capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
@@ -177,7 +191,9 @@ def test_two_processes_print_one_set_of_progress_lines_with_true_final_states(tm
     lines = done.stdout.splitlines()
     summaries = [line for line in lines if line.startswith("epoch ")]
     assert len(summaries) == 2, output  # from one process of the machine, not from each
-    assert re.match(summary_line(1, 11), summaries[0]) and re.match(summary_line(2, 22), summaries[1]), summaries
+    assert re.match(summary_line(1, 11), summaries[0]) and re.match(summary_line(2, 22), summaries[1]), (
+        summaries
+    )
     assert lines.count("Starting epoch 1") == 1 and lines.count("accuracy: 0.198") == 2, output
     assert "\r" not in output
     assert_one_precision(lines)
@@ -203,7 +219,11 @@ class TerminalStream(io.StringIO):
     ],
 )
 def test_the_bar_is_on_by_terminal_unless_forced_or_tqdm_disable_is_set(
-    monkeypatch: pytest.MonkeyPatch, is_terminal: bool, tqdm_disable: str | None, enabled: bool | None, bar_expected: bool
+    monkeypatch: pytest.MonkeyPatch,
+    is_terminal: bool,
+    tqdm_disable: str | None,
+    enabled: bool | None,
+    bar_expected: bool,
 ) -> None:
     stream = TerminalStream() if is_terminal else io.StringIO()
     monkeypatch.setattr(sys, "stdout", stream)
@@ -222,9 +242,13 @@ def test_the_bar_is_on_by_terminal_unless_forced_or_tqdm_disable_is_set(
 
 
 def test_progress_bar_arguments_are_checked() -> None:
-    with pytest.raises(TypeError, match=r"ProgressBarCallback: enabled must be True, False or None .* got 'yes'"):
+    with pytest.raises(
+        TypeError, match=r"ProgressBarCallback: enabled must be True, False or None .* got 'yes'"
+    ):
         ProgressBarCallback(enabled="yes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"ProgressBarCallback: refresh_interval must be a number of seconds > 0 .* got 0"):
+    with pytest.raises(
+        ValueError, match=r"ProgressBarCallback: refresh_interval must be a number of seconds > 0 .* got 0"
+    ):
         ProgressBarCallback(refresh_interval=0)
 
 

@@ -329,7 +329,9 @@ def test_state_saved_after_every_step_resumes_to_bitwise_equal_weights_and_histo
     assert sorted(path.name for _, path in saved) == sorted(
         [*(f"step_{step}" for step in range(1, 2 * rw.STEPS_PER_EPOCH + 1)), "final"]
     )
-    assert [step for step, _ in saved] == sorted([*range(1, 2 * rw.STEPS_PER_EPOCH + 1), 2 * rw.STEPS_PER_EPOCH])
+    assert [step for step, _ in saved] == sorted(
+        [*range(1, 2 * rw.STEPS_PER_EPOCH + 1), 2 * rw.STEPS_PER_EPOCH]
+    )
     for step, directory in saved:
         trainer = rw.make_trainer()
         rw.train(trainer, resume_from=directory, create_scheduler_fn=SCHEDULERS[scheduler], num_epochs=2)
@@ -504,7 +506,11 @@ def test_paths_in_checkpoint_kwargs_round_trip_as_strings(tmp_path: Path, finish
 
     loaded = rw.make_trainer().load_training_state(tmp_path / "state")
 
-    assert loaded == {"current_epoch": 2, "data_dir": "/data/train", "nested": {"where": (str(Path("a") / "b"), 1.5)}}
+    assert loaded == {
+        "current_epoch": 2,
+        "data_dir": "/data/train",
+        "nested": {"where": (str(Path("a") / "b"), 1.5)},
+    }
     assert Path(loaded["data_dir"]) == checkpoint_kwargs["data_dir"]
 
 
@@ -667,7 +673,8 @@ def test_mid_epoch_state_of_2_processes_resumes_on_1_with_fewer_samples_per_batc
 ) -> None:
     trainer = rw.make_trainer()
     with pytest.warns(
-        UserWarning, match="saved with 2 process\\(es\\) x per_device_batch_size 2 .* resumed with 1 x 2 x 2. 32 samples"
+        UserWarning,
+        match="saved with 2 process\\(es\\) x per_device_batch_size 2 .* resumed with 1 x 2 x 2. 32 samples",
     ):
         rw.train(trainer, resume_from=state(two_process_states, 4), per_device_batch_size=2)
     # 32 of 66 samples seen (8 batches of 2 x 2): the other 34 are 17 batches (9 updates), then

@@ -175,7 +175,9 @@ class ForwardOnlyHistory(RunHistory):
         self.values, self.epoch, self.prefix = {}, 1, ""
 
 
-def test_a_history_with_only_the_abstract_methods_follows_the_run_through_the_default_set_current_epoch() -> None:
+def test_a_history_with_only_the_abstract_methods_follows_the_run_through_the_default_set_current_epoch() -> (
+    None
+):
     history = ForwardOnlyHistory()
     recorder = RecordEpochs()
     trainer = train(make_trainer(recorder, run_history=history), num_epochs=2)
@@ -242,7 +244,9 @@ def test_a_run_resumed_after_epoch_2_keeps_history_and_progress_in_step_and_ends
 
 def test_a_history_with_only_the_abstract_methods_resumes_to_the_full_history(tmp_path: Path) -> None:
     state = tmp_path / "after-epoch-1"
-    uninterrupted = train(make_trainer(SaveStateAfterEpoch(state, epoch=1), run_history=ForwardOnlyHistory()), 3)
+    uninterrupted = train(
+        make_trainer(SaveStateAfterEpoch(state, epoch=1), run_history=ForwardOnlyHistory()), 3
+    )
     recorder = RecordEpochs()
     resumed = train(make_trainer(recorder, run_history=ForwardOnlyHistory()), num_epochs=3, resume_from=state)
     assert recorder.seen["on_train_epoch_start"] == [(2, 1), (3, 2)]
@@ -306,7 +310,9 @@ def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path
     train(make_trainer(SaveStateAfterEpoch(state, epoch=1)), num_epochs=2)
     recorder = RecordRunState()
     resumed = train(make_trainer(recorder), num_epochs=2, resume_from=state)
-    pending_at_epoch_start = [pending for event, _, pending in recorder.seen if event == "on_train_epoch_start"]
+    pending_at_epoch_start = [
+        pending for event, _, pending in recorder.seen if event == "on_train_epoch_start"
+    ]
     assert pending_at_epoch_start == [None]
     assert resumed.run_state.pending_resume is None
     assert resumed.run_state.epoch_finished is False
@@ -316,7 +322,12 @@ def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_
     trainer = train(make_trainer(), num_epochs=1)
     saved = trainer.run_state.state_dict()
     assert set(saved) == {
-        "loss_weight_unit", "shuffle_seed", "history_first_epoch", "epoch_trained", "train_samples", "samples_skipped"
+        "loss_weight_unit",
+        "shuffle_seed",
+        "history_first_epoch",
+        "epoch_trained",
+        "train_samples",
+        "samples_skipped",
     }
     assert saved["epoch_trained"] is False  # the run ended: nothing of an epoch is done
     assert saved["history_first_epoch"] == 1
@@ -324,8 +335,12 @@ def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_
     assert saved["train_samples"] == len(trainer.train_dataset)
     assert saved["samples_skipped"] == 0  # only an epoch resumed on other settings skips samples
     assert RunState().state_dict() == {
-        "loss_weight_unit": None, "shuffle_seed": None, "history_first_epoch": 1, "epoch_trained": False,
-        "train_samples": None, "samples_skipped": 0,
+        "loss_weight_unit": None,
+        "shuffle_seed": None,
+        "history_first_epoch": 1,
+        "epoch_trained": False,
+        "train_samples": None,
+        "samples_skipped": 0,
     }
 
 
@@ -356,7 +371,9 @@ class RecordingSaves(Trainer):
             save_path, checkpoint_kwargs, save_optimizer, save_scheduler, save_per_node, model=model
         )
 
-    def save_training_state(self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+    def save_training_state(
+        self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.training_states.append(Path(output_dir).resolve())
         super().save_training_state(output_dir, checkpoint_kwargs)
 
@@ -381,7 +398,9 @@ def test_built_in_callbacks_write_weights_only_through_the_public_save_checkpoin
     state_files = {path.resolve() for path in (tmp_path / "states").rglob("*") if path.is_file()}
     state_files |= {path.resolve() for path in pre_decay.rglob("*") if path.is_file()}
     assert {tmp_path / "ema.pt", tmp_path / "best.pt"} <= weight_files
-    assert {tmp_path / "wsd/checkpoint_12_wsd_post_decay.pt"} == {path for path in weight_files if path.parent.name == "wsd"}
+    assert {tmp_path / "wsd/checkpoint_12_wsd_post_decay.pt"} == {
+        path for path in weight_files if path.parent.name == "wsd"
+    }
     assert pre_decay in trainer.training_states
     assert weight_files <= written, f"written without save_checkpoint: {sorted(weight_files - written)}"
     assert state_files and all(

@@ -115,8 +115,11 @@ def test_base_wrong_number_of_values_raises_value_error_naming_counts():
 
 
 def test_base_bad_param_group_field_error_lists_the_group_keys():
-    with pytest.raises(ValueError, match=r"param_group_field='learning_rate' is not a key of "
-                       r"optimizer param group 0; its keys are \[.*'lr'.*'weight_decay'.*\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_group_field='learning_rate' is not a key of "
+        r"optimizer param group 0; its keys are \[.*'lr'.*'weight_decay'.*\]",
+    ):
         LinearRamp(make_optimizer(0.1), param_group_field="learning_rate")
 
 
@@ -187,8 +190,14 @@ def test_stateful_load_state_dict_without_counter_raises_value_error():
 def test_cosine_curve_with_warmup_decay_and_cooldown_matches_closed_form(k_decay):
     epochs, steps, warmup_epochs, cooldown_epochs = 10, 7, 2, 3
     scheduler = CosineLrScheduler(
-        make_optimizer(0.1), epochs, steps, k_decay=k_decay, lr_min=1e-4,
-        num_warmup_epochs=warmup_epochs, warmup_starting_lr=1e-3, num_cooldown_epochs=cooldown_epochs,
+        make_optimizer(0.1),
+        epochs,
+        steps,
+        k_decay=k_decay,
+        lr_min=1e-4,
+        num_warmup_epochs=warmup_epochs,
+        warmup_starting_lr=1e-3,
+        num_cooldown_epochs=cooldown_epochs,
     )
     total = epochs * steps
     expected = [
@@ -235,7 +244,12 @@ def test_cosine_uses_each_param_group_initial_lr_with_absolute_lr_min():
 
 def test_cosine_ratios_scale_warmup_start_and_lr_min_with_each_group_initial_lr():
     scheduler = CosineLrScheduler(
-        make_optimizer(0.1, 0.02), 5, 4, min_lr_ratio=0.01, num_warmup_epochs=1, warmup_starting_lr_ratio=0.1,
+        make_optimizer(0.1, 0.02),
+        5,
+        4,
+        min_lr_ratio=0.01,
+        num_warmup_epochs=1,
+        warmup_starting_lr_ratio=0.1,
     )
     assert scheduler.get_updated_values(0) == [pytest.approx(0.01), pytest.approx(0.002)]
     assert scheduler.get_updated_values(20) == [pytest.approx(0.001), pytest.approx(0.0002)]
@@ -250,8 +264,13 @@ def test_cosine_ratios_scale_warmup_start_and_lr_min_with_each_group_initial_lr(
 @pytest.mark.parametrize("sqrt_decay", [True, False])
 def test_wsd_single_checkpoint_curve_matches_closed_form(sqrt_decay):
     scheduler = WSDLrScheduler(
-        make_optimizer(0.1), total_steps=100, num_warmup_steps=10, decay_phase_ratio=0.2,
-        lr_min=1e-4, warmup_starting_lr=1e-3, use_inverse_sqrt_decay=sqrt_decay,
+        make_optimizer(0.1),
+        total_steps=100,
+        num_warmup_steps=10,
+        decay_phase_ratio=0.2,
+        lr_min=1e-4,
+        warmup_starting_lr=1e-3,
+        use_inverse_sqrt_decay=sqrt_decay,
     )
     expected = [wsd_expected(t, 0.1, [100], [20], 10, 1e-4, 1e-3, sqrt_decay) for t in range(106)]
     assert [v[0] for v in run_schedule(scheduler, 105)] == pytest.approx(expected, rel=1e-12)
@@ -260,8 +279,9 @@ def test_wsd_single_checkpoint_curve_matches_closed_form(sqrt_decay):
 def test_wsd_decay_anchor_values_for_sqrt_and_inverse_shapes():
     # Decay from step 80 to 100: a quarter of the way through is step 85.
     sqrt = WSDLrScheduler(make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.0)
-    inverse = WSDLrScheduler(make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.01,
-                             use_inverse_sqrt_decay=False)
+    inverse = WSDLrScheduler(
+        make_optimizer(1.0), total_steps=100, decay_phase_ratio=0.2, lr_min=0.01, use_inverse_sqrt_decay=False
+    )
     assert sqrt.get_updated_values(79) == [1.0] and sqrt.get_updated_values(80) == [1.0]
     assert sqrt.get_updated_values(85) == [pytest.approx(0.5)]
     assert inverse.get_updated_values(85) == [pytest.approx(1 / (0.25 / 0.01 + 0.75))]
@@ -279,8 +299,12 @@ def test_wsd_checkpoint_steps_follow_a_geometric_progression_from_a_quarter(num_
 
 def test_wsd_multiple_checkpoints_curve_matches_closed_form_and_returns_to_peak():
     scheduler = WSDLrScheduler(
-        make_optimizer(0.1, 0.05), total_steps=200, num_warmup_steps=20, decay_phase_ratio=0.1,
-        lr_min=1e-5, num_checkpoints=3,
+        make_optimizer(0.1, 0.05),
+        total_steps=200,
+        num_warmup_steps=20,
+        decay_phase_ratio=0.1,
+        lr_min=1e-5,
+        num_checkpoints=3,
     )
     # Each decay lasts int(0.1 * (c_i - c_{i-1})) updates.
     checkpoints, lengths = [50, 100, 200], [5, 5, 10]
@@ -338,8 +362,14 @@ def test_wsd_phase_info_beyond_the_run_describes_the_last_period_and_rejects_neg
 
 SCHEDULER_FACTORIES = {
     "cosine": lambda opt: CosineLrScheduler(opt, 6, 5, k_decay=2, num_warmup_epochs=1, num_cooldown_epochs=1),
-    "wsd": lambda opt: WSDLrScheduler(opt, total_steps=30, num_warmup_steps=3, num_checkpoints=3,
-                                      decay_phase_ratio=0.2, use_inverse_sqrt_decay=False),
+    "wsd": lambda opt: WSDLrScheduler(
+        opt,
+        total_steps=30,
+        num_warmup_steps=3,
+        num_checkpoints=3,
+        decay_phase_ratio=0.2,
+        use_inverse_sqrt_decay=False,
+    ),
     "custom": LinearRamp,
 }
 
@@ -400,7 +430,10 @@ def test_wsd_create_scheduler_fn_holds_placeholders_the_trainer_resolves():
     fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=2, num_warmup_steps=1)
     assert fn.keywords["num_epochs"] is TrainerPlaceholderValues.NUM_EPOCHS
     # 0.1.61's default; the same value as NUM_UPDATE_STEPS_PER_EPOCH here.
-    assert fn.keywords["num_update_steps_per_epoch"] is TrainerPlaceholderValues.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH
+    assert (
+        fn.keywords["num_update_steps_per_epoch"]
+        is TrainerPlaceholderValues.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH
+    )
     scheduler = replace_trainer_placeholder_values(STAND_IN_TRAINER, fn)(make_optimizer(0.1))
     assert scheduler.total_steps == 15 and scheduler.get_checkpoint_steps() == [4, 15]
 
@@ -420,45 +453,102 @@ def test_docstring_examples_run():
 # Bad input
 
 BAD_INPUTS = [
-    (lambda o: CosineLrScheduler(o, 2.5, 10), ValueError, r"total_num_epochs must be a whole number >= 1, got 2.5"),
-    (lambda o: CosineLrScheduler(o, 0, 10), ValueError, r"total_num_epochs must be a whole number >= 1, got 0"),
-    (lambda o: CosineLrScheduler(o, 5, 0), ValueError,
-     r"num_update_steps_per_epoch must be a whole number >= 1, got 0"),
-    (lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=-1), ValueError,
-     r"num_warmup_epochs must be a whole number >= 0, got -1"),
-    (lambda o: CosineLrScheduler(o, 5, 10, num_cooldown_epochs=True), ValueError,
-     r"num_cooldown_epochs must be a whole number >= 0, got True"),
-    (lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=3, num_cooldown_epochs=2), ValueError,
-     r"num_warmup_epochs=3 plus num_cooldown_epochs=2 must be less than total_num_epochs=5"),
+    (
+        lambda o: CosineLrScheduler(o, 2.5, 10),
+        ValueError,
+        r"total_num_epochs must be a whole number >= 1, got 2.5",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 0, 10),
+        ValueError,
+        r"total_num_epochs must be a whole number >= 1, got 0",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 5, 0),
+        ValueError,
+        r"num_update_steps_per_epoch must be a whole number >= 1, got 0",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=-1),
+        ValueError,
+        r"num_warmup_epochs must be a whole number >= 0, got -1",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 5, 10, num_cooldown_epochs=True),
+        ValueError,
+        r"num_cooldown_epochs must be a whole number >= 0, got True",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 5, 10, num_warmup_epochs=3, num_cooldown_epochs=2),
+        ValueError,
+        r"num_warmup_epochs=3 plus num_cooldown_epochs=2 must be less than total_num_epochs=5",
+    ),
     (lambda o: CosineLrScheduler(o, 5, 10, k_decay=0), ValueError, r"k_decay must be > 0, got 0"),
     (lambda o: CosineLrScheduler(o, 5, 10, k_decay=-1), ValueError, r"k_decay must be >= 0, got -1"),
     (lambda o: CosineLrScheduler(o, 5, 10, lr_min=-1e-3), ValueError, r"lr_min must be >= 0, got -0.001"),
-    (lambda o: CosineLrScheduler(o, 5, 10, min_lr_ratio=-0.1), ValueError,
-     r"min_lr_ratio must be >= 0, got -0.1"),
-    (lambda o: CosineLrScheduler(o, 5, 10, warmup_starting_lr="1e-3"), TypeError,
-     r"warmup_starting_lr must be a number, got '1e-3'"),
-    (lambda o: CosineLrScheduler(o, TrainerPlaceholderValues.NUM_EPOCHS, 10), TypeError,
-     r"total_num_epochs is the placeholder TrainerPlaceholderValues.NUM_EPOCHS.*create_scheduler_fn"),
-    (lambda o: WSDLrScheduler(o), ValueError,
-     r"Give the run length as total_steps, or as both num_epochs and num_update_steps_per_epoch; "
-     r"got total_steps=None, num_epochs=None"),
+    (
+        lambda o: CosineLrScheduler(o, 5, 10, min_lr_ratio=-0.1),
+        ValueError,
+        r"min_lr_ratio must be >= 0, got -0.1",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, 5, 10, warmup_starting_lr="1e-3"),
+        TypeError,
+        r"warmup_starting_lr must be a number, got '1e-3'",
+    ),
+    (
+        lambda o: CosineLrScheduler(o, TrainerPlaceholderValues.NUM_EPOCHS, 10),
+        TypeError,
+        r"total_num_epochs is the placeholder TrainerPlaceholderValues.NUM_EPOCHS.*create_scheduler_fn",
+    ),
+    (
+        lambda o: WSDLrScheduler(o),
+        ValueError,
+        r"Give the run length as total_steps, or as both num_epochs and num_update_steps_per_epoch; "
+        r"got total_steps=None, num_epochs=None",
+    ),
     (lambda o: WSDLrScheduler(o, num_epochs=3), ValueError, r"num_update_steps_per_epoch=None"),
-    (lambda o: WSDLrScheduler(o, num_epochs=3, num_update_steps_per_epoch=5, total_steps=15), ValueError,
-     r"not both; got total_steps=15, num_epochs=3, num_update_steps_per_epoch=5. Drop one"),
-    (lambda o: WSDLrScheduler(o, total_steps=0), ValueError, r"total_steps must be a whole number >= 1, got 0"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, num_warmup_steps=-5), ValueError,
-     r"num_warmup_steps must be a whole number >= 0 or None, got -5"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=0), ValueError,
-     r"decay_phase_ratio must be in \(0, 1\], got 0"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=1.5), ValueError,
-     r"decay_phase_ratio must be in \(0, 1\], got 1.5"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=None), TypeError,
-     r"decay_phase_ratio must be a number in \(0, 1\], got None"),
-    (lambda o: WSDLrScheduler(o, total_steps=100, num_checkpoints=0), ValueError,
-     r"num_checkpoints must be a whole number >= 1, got 0"),
+    (
+        lambda o: WSDLrScheduler(o, num_epochs=3, num_update_steps_per_epoch=5, total_steps=15),
+        ValueError,
+        r"not both; got total_steps=15, num_epochs=3, num_update_steps_per_epoch=5. Drop one",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=0),
+        ValueError,
+        r"total_steps must be a whole number >= 1, got 0",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=100, num_warmup_steps=-5),
+        ValueError,
+        r"num_warmup_steps must be a whole number >= 0 or None, got -5",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=0),
+        ValueError,
+        r"decay_phase_ratio must be in \(0, 1\], got 0",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=1.5),
+        ValueError,
+        r"decay_phase_ratio must be in \(0, 1\], got 1.5",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=100, decay_phase_ratio=None),
+        TypeError,
+        r"decay_phase_ratio must be a number in \(0, 1\], got None",
+    ),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=100, num_checkpoints=0),
+        ValueError,
+        r"num_checkpoints must be a whole number >= 1, got 0",
+    ),
     (lambda o: WSDLrScheduler(o, total_steps=100, lr_min=-1), ValueError, r"lr_min must be >= 0, got -1"),
-    (lambda o: WSDLrScheduler(o, total_steps=3, num_checkpoints=4), ValueError,
-     r"num_checkpoints=4 is too many for total_steps=3: the checkpoint steps \[1, 1, 2, 3\]"),
+    (
+        lambda o: WSDLrScheduler(o, total_steps=3, num_checkpoints=4),
+        ValueError,
+        r"num_checkpoints=4 is too many for total_steps=3: the checkpoint steps \[1, 1, 2, 3\]",
+    ),
 ]
 
 

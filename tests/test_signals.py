@@ -31,14 +31,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     command = [sys.executable, str(WORKER), "--out", str(out), *sw.SCENARIOS]
     log_path = out / "worker.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(out), cwd=out)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(out), cwd=out
+        )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         for name, (signum, *_) in sw.SCENARIOS.items():
             ready = out / f"{name}.ready"
             while not ready.exists():
                 assert process.poll() is None, f"the worker exited before {name}:\n{log_path.read_text()}"
-                assert time.monotonic() < deadline, f"the worker never reached {name}:\n{log_path.read_text()}"
+                assert time.monotonic() < deadline, (
+                    f"the worker never reached {name}:\n{log_path.read_text()}"
+                )
                 time.sleep(0.02)
             process.send_signal(signum)
         returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -49,9 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert returncode == 0, output  # train() returned normally every time
     results = json.loads((out / "results.json").read_text())
     results["out"] = str(out)
-    results["output"] = {
-        name: output.split(f"=== {name}\n")[1].split("=== ")[0] for name in sw.SCENARIOS
-    }
+    results["output"] = {name: output.split(f"=== {name}\n")[1].split("=== ")[0] for name in sw.SCENARIOS}
     return results
 
 
@@ -59,14 +61,18 @@ def stop_lines(runs: dict[str, Any], name: str) -> list[str]:
     return [line for line in runs["output"][name].splitlines() if "SIGTERM" in line or "SIGINT" in line]
 
 
-def assert_stopped(runs: dict[str, Any], name: str, signal_name: str, step: int, state: str | None = None) -> None:
+def assert_stopped(
+    runs: dict[str, Any], name: str, signal_name: str, step: int, state: str | None = None
+) -> None:
     """Stopped after ``step`` updates, saved there (``state``, default ``step_{step}``), said so
     in one line, let go of the signal."""
     run = runs[name]
     state_dir = Path(runs["out"]) / name / "states" / (state or f"step_{step}")
     assert run["global_step"] == step
     assert run["states"] == [state_dir.name]
-    assert stop_lines(runs, name) == [f"Training stopped: received {signal_name}; saved the training state to {state_dir}"]
+    assert stop_lines(runs, name) == [
+        f"Training stopped: received {signal_name}; saved the training state to {state_dir}"
+    ]
     assert run["handlers_restored"] and run["wakeup_fd"] == -1
 
 
@@ -89,7 +95,9 @@ def test_sigint_when_named_is_honoured_like_sigterm(runs: dict[str, Any]) -> Non
     assert_resumes_exactly(runs, "sigint")
 
 
-def test_sigterm_during_the_last_evaluation_stops_at_the_next_batch_and_records_no_partial_loss(runs: dict[str, Any]) -> None:
+def test_sigterm_during_the_last_evaluation_stops_at_the_next_batch_and_records_no_partial_loss(
+    runs: dict[str, Any],
+) -> None:
     assert_stopped(runs, "last_evaluation", "SIGTERM", step=8)
     # The second evaluation stopped after its first batch: its loss is not recorded.
     assert len(runs["last_evaluation"]["history"]["eval_loss_epoch"]) == 1
@@ -108,17 +116,23 @@ def test_sigterm_during_the_epoch_end_events_stops_at_the_epoch_end(runs: dict[s
 
 
 @pytest.mark.parametrize("name", ["after_last_step", "during_end_save"])
-def test_a_signal_after_the_last_step_is_honoured_by_the_state_saved_at_the_end(runs: dict[str, Any], name: str) -> None:
+def test_a_signal_after_the_last_step_is_honoured_by_the_state_saved_at_the_end(
+    runs: dict[str, Any], name: str
+) -> None:
     run = runs[name]
     assert run["states"] == ["final"] and run["global_step"] == 8
     assert run["weights"] == runs["reference"]["weights"]
     state_dir = Path(runs["out"]) / name / "states" / "final"
-    assert stop_lines(runs, name) == [f"Received SIGTERM after the last step: the training state saved to {state_dir} covers it."]
+    assert stop_lines(runs, name) == [
+        f"Received SIGTERM after the last step: the training state saved to {state_dir} covers it."
+    ]
     assert run["handlers_restored"] and run["wakeup_fd"] == -1
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "nan"])
-def test_a_bad_collective_timeout_in_the_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_a_bad_collective_timeout_in_the_environment_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     import torch
     from torch import nn
 

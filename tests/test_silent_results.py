@@ -76,7 +76,9 @@ def test_drop_last_with_a_dataset_smaller_than_one_batch_names_drop_last_and_the
 def test_evaluation_loader_with_no_batches_is_an_error_naming_its_kwargs() -> None:
     data = make_regression_data(5)
     kwargs = {"sampler": SequentialSampler(data), "drop_last": True}
-    with pytest.raises(ValueError, match=r"eval_dataset has 5 samples.*drop_last=True.*eval_dataloader_kwargs"):
+    with pytest.raises(
+        ValueError, match=r"eval_dataset has 5 samples.*drop_last=True.*eval_dataloader_kwargs"
+    ):
         make_trainer().train(data, num_epochs=1, eval_dataset=data, eval_dataloader_kwargs=kwargs)
     with pytest.raises(ValueError, match=r"dataset has 5 samples.*drop_last=True.*dataloader_kwargs"):
         make_trainer().evaluate(data, dataloader_kwargs=kwargs)
@@ -120,7 +122,13 @@ def test_batch_size_in_the_loader_kwargs_is_what_trains_evaluates_and_is_recorde
 def test_batch_size_in_the_train_kwargs_trains_as_that_per_device_batch_size() -> None:
     data = make_regression_data(16)
     via_kwargs, direct = make_trainer(), make_trainer()
-    via_kwargs.train(data, num_epochs=1, per_device_batch_size=8, train_dataloader_kwargs={"batch_size": 4}, gradient_accumulation_steps=2)
+    via_kwargs.train(
+        data,
+        num_epochs=1,
+        per_device_batch_size=8,
+        train_dataloader_kwargs={"batch_size": 4},
+        gradient_accumulation_steps=2,
+    )
     direct.train(data, num_epochs=1, per_device_batch_size=4, gradient_accumulation_steps=2)
     for got, want in zip(via_kwargs.get_model().parameters(), direct.get_model().parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -128,7 +136,9 @@ def test_batch_size_in_the_train_kwargs_trains_as_that_per_device_batch_size() -
 
 def test_batch_size_in_evaluate_kwargs_is_what_evaluates() -> None:
     counter = CountEvalBatches()
-    make_trainer(callbacks=(counter,)).evaluate(make_regression_data(6), per_device_batch_size=8, dataloader_kwargs={"batch_size": 4})
+    make_trainer(callbacks=(counter,)).evaluate(
+        make_regression_data(6), per_device_batch_size=8, dataloader_kwargs={"batch_size": 4}
+    )
     assert counter.sizes == [4, 2]
 
 
@@ -149,19 +159,30 @@ def finished_state(tmp_path: Path) -> Path:
     [
         ({"num_epochs": 2}, r"2 epochs \(num_epochs=2\)\. Pass a larger num_epochs"),
         ({"num_epochs": 1}, r"2 epochs \(num_epochs=1\)\. Pass a larger num_epochs"),
-        ({"num_epochs": 5, "max_num_train_steps": 8}, r"8 optimizer updates \(max_num_train_steps=8\)\. Pass a larger max_num_train_steps"),
+        (
+            {"num_epochs": 5, "max_num_train_steps": 8},
+            r"8 optimizer updates \(max_num_train_steps=8\)\. Pass a larger max_num_train_steps",
+        ),
     ],
 )
 def test_resuming_a_finished_run_says_nothing_is_left_to_train_and_fires_no_event(
-    finished_state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], settings: dict[str, Any], done: str
+    finished_state: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    settings: dict[str, Any],
+    done: str,
 ) -> None:
     events: list[str] = []
     saves = tmp_path / "saves"
     trainer = make_trainer(callbacks=(EventRecorder(events), SaveTrainingStateCallback(str(saves))))
     events.clear()
-    expected = rf"Nothing to train: the state resumed from {finished_state} already completed {done} to continue\."
+    expected = (
+        rf"Nothing to train: the state resumed from {finished_state} already completed {done} to continue\."
+    )
     with pytest.warns(UserWarning, match=expected):
-        trainer.train(make_regression_data(16), per_device_batch_size=4, resume_from=finished_state, **settings)
+        trainer.train(
+            make_regression_data(16), per_device_batch_size=4, resume_from=finished_state, **settings
+        )
     assert events == []  # no start, no end: nothing ran, so nothing is saved over anything
     assert not saves.exists()
     assert "Nothing to train" in capsys.readouterr().out

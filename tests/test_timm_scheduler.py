@@ -133,4 +133,7 @@ def test_a_run_without_eval_set_passes_no_metric_even_if_the_kept_history_has_on
         reset_run_history=False,
         create_scheduler_fn=functools.partial(RecordingCosineLRScheduler, t_initial=2, t_in_epochs=True),
     )
-    assert [call for call in trainer.scheduler.calls if call[0] == "step"] == [("step", 1, None), ("step", 2, None)]
+    assert [call for call in trainer.scheduler.calls if call[0] == "step"] == [
+        ("step", 1, None),
+        ("step", 2, None),
+    ]

@@ -57,7 +57,9 @@ def test_loss_tracker_weights_by_batch_size_and_keeps_tensors_on_device() -> Non
 
 def test_placeholders_support_multiplication_addition_and_each_other() -> None:
     trainer = SimpleNamespace(
-        run_config=SimpleNamespace(num_epochs=3, num_update_steps_per_epoch=5, num_local_update_steps_per_epoch=5),
+        run_config=SimpleNamespace(
+            num_epochs=3, num_update_steps_per_epoch=5, num_local_update_steps_per_epoch=5
+        ),
         train_dataloader=[0] * 10,
         eval_dataloader=[0] * 4,
     )
@@ -70,7 +72,14 @@ def test_placeholders_support_multiplication_addition_and_each_other() -> None:
         e=2 * P.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH,
         f="left alone",
     )
-    assert replace_trainer_placeholder_values(trainer, fn)() == {"a": 7, "b": 15, "c": 10, "d": 5, "e": 10, "f": "left alone"}
+    assert replace_trainer_placeholder_values(trainer, fn)() == {
+        "a": 7,
+        "b": 15,
+        "c": 10,
+        "d": 5,
+        "e": 10,
+        "f": "left alone",
+    }
 
 
 def test_dataloader_slice_limits_batches_and_reports_length() -> None:

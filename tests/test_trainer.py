@@ -57,10 +57,20 @@ def oracle_train(
     return model, epoch_losses
 
 
-def run_trainer(data: Any, num_epochs: int, batch_size: int, accumulation: int, lr: float, **kwargs: Any) -> Trainer:
+def run_trainer(
+    data: Any, num_epochs: int, batch_size: int, accumulation: int, lr: float, **kwargs: Any
+) -> Trainer:
     model = make_linear_model()
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), callbacks=())
-    trainer.train(data, num_epochs=num_epochs, per_device_batch_size=batch_size, gradient_accumulation_steps=accumulation, **kwargs)
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), callbacks=()
+    )
+    trainer.train(
+        data,
+        num_epochs=num_epochs,
+        per_device_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        **kwargs,
+    )
     return trainer
 
 
@@ -69,10 +79,14 @@ def run_trainer(data: Any, num_epochs: int, batch_size: int, accumulation: int, 
     [(12, 4, 1), (12, 2, 3), (9, 2, 2), (9, 2, 3), (11, 4, 2)],
     ids=["no-accumulation", "full-windows", "small-last-batch", "partial-last-window", "both"],
 )
-def test_weights_and_epoch_loss_match_oracle_whatever_the_accumulation(num_samples: int, batch_size: int, accumulation: int) -> None:
+def test_weights_and_epoch_loss_match_oracle_whatever_the_accumulation(
+    num_samples: int, batch_size: int, accumulation: int
+) -> None:
     data = make_regression_data(num_samples)
     trainer = run_trainer(data, num_epochs=2, batch_size=batch_size, accumulation=accumulation, lr=0.05)
-    expected_model, expected_losses = oracle_train(make_linear_model(), data, 2, batch_size, accumulation, lr=0.05)
+    expected_model, expected_losses = oracle_train(
+        make_linear_model(), data, 2, batch_size, accumulation, lr=0.05
+    )
 
     for got, want in zip(trainer.get_model().parameters(), expected_model.parameters(), strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
@@ -96,7 +110,12 @@ class TokenTrainer(Trainer):
         x, y, mask = batch
         per_token = (self.model(x) - y).pow(2) * mask
         num_items = mask.sum()
-        return {"loss": per_token.sum() / num_items, "model_outputs": None, "batch_size": x.shape[0], "num_items_in_batch": num_items}
+        return {
+            "loss": per_token.sum() / num_items,
+            "model_outputs": None,
+            "batch_size": x.shape[0],
+            "num_items_in_batch": num_items,
+        }
 
 
 def test_num_items_in_batch_makes_each_update_the_mean_over_all_items_of_its_window() -> None:
@@ -243,7 +262,9 @@ def test_shuffle_order_follows_seed_and_epoch_and_covers_every_sample() -> None:
 
     data = IndexedDataset(make_regression_data(8))
     model = make_linear_model()
-    Recorder(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.0), callbacks=()).train(data, 2, per_device_batch_size=4)
+    Recorder(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.0), callbacks=()).train(
+        data, 2, per_device_batch_size=4
+    )
     assert seen == shuffled_batches(8, 4, 0) + shuffled_batches(8, 4, 1)
     assert sorted(i for batch in seen[:2] for i in batch) == list(range(8))
     assert seen[:2] != seen[2:]

@@ -137,63 +137,155 @@ VALIDATION = "_internal/validation.py"
 PLACES = [
     Place("train-num_epochs", VALIDATION, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)),
     Place(
-        "train-per_device_batch_size", VALIDATION, "", "per_device_batch_size", 1, False,
-        train_with("per_device_batch_size"), 4, (-1, True),
+        "train-per_device_batch_size",
+        VALIDATION,
+        "",
+        "per_device_batch_size",
+        1,
+        False,
+        train_with("per_device_batch_size"),
+        4,
+        (-1, True),
     ),
     Place(
-        "train-gradient_accumulation_steps", VALIDATION, "", "gradient_accumulation_steps", 1, False,
-        train_with("gradient_accumulation_steps"), 2, (0, "3"),
+        "train-gradient_accumulation_steps",
+        VALIDATION,
+        "",
+        "gradient_accumulation_steps",
+        1,
+        False,
+        train_with("gradient_accumulation_steps"),
+        2,
+        (0, "3"),
     ),
     Place(
-        "train-max_num_train_steps", VALIDATION, "", "max_num_train_steps", 1, True,
-        train_with("max_num_train_steps"), 1, (0, 2.5),
+        "train-max_num_train_steps",
+        VALIDATION,
+        "",
+        "max_num_train_steps",
+        1,
+        True,
+        train_with("max_num_train_steps"),
+        1,
+        (0, 2.5),
     ),
     Place(
-        "evaluate-per_device_batch_size", VALIDATION, "", "per_device_batch_size", 1, False,
-        evaluate_with_batch_size, 4, (0, "3"),
+        "evaluate-per_device_batch_size",
+        VALIDATION,
+        "",
+        "per_device_batch_size",
+        1,
+        False,
+        evaluate_with_batch_size,
+        4,
+        (0, "3"),
     ),
     Place("train-seed", VALIDATION, "", "seed", 0, True, train_with("seed"), 0, (-1, "abc", 1.5)),
     Place("evaluate-seed", VALIDATION, "", "seed", 0, True, evaluate_with_seed, 7, (-2, "42")),
     Place(
-        "train-train_dataloader_kwargs-batch_size", VALIDATION, "", "train_dataloader_kwargs['batch_size']", 1, True,
-        lambda value: train_with("train_dataloader_kwargs")({"batch_size": value}), 2, (0, 2.5),
+        "train-train_dataloader_kwargs-batch_size",
+        VALIDATION,
+        "",
+        "train_dataloader_kwargs['batch_size']",
+        1,
+        True,
+        lambda value: train_with("train_dataloader_kwargs")({"batch_size": value}),
+        2,
+        (0, 2.5),
     ),
     Place(
-        "evaluate-dataloader_kwargs-batch_size", VALIDATION, "", "dataloader_kwargs['batch_size']", 1, True,
-        lambda value: new_trainer().evaluate(DATA, dataloader_kwargs={"batch_size": value}), 2, (0, "2"),
+        "evaluate-dataloader_kwargs-batch_size",
+        VALIDATION,
+        "",
+        "dataloader_kwargs['batch_size']",
+        1,
+        True,
+        lambda value: new_trainer().evaluate(DATA, dataloader_kwargs={"batch_size": value}),
+        2,
+        (0, "2"),
     ),
     Place(
-        "env-limit_batches_callback_from_env", "callbacks/limits.py", "", ENV_NAME, 1, False,
-        with_env_limit(limit_batches_callback_from_env), "2", ("0", "-1", "2.5", "three"),
+        "env-limit_batches_callback_from_env",
+        "callbacks/limits.py",
+        "",
+        ENV_NAME,
+        1,
+        False,
+        with_env_limit(limit_batches_callback_from_env),
+        "2",
+        ("0", "-1", "2.5", "three"),
         none_reaches_check=False,
     ),
     Place(
-        "env-Trainer()", "callbacks/limits.py", "", ENV_NAME, 1, False, with_env_limit(new_trainer), "2",
-        ("0", "1.5"), none_reaches_check=False,
+        "env-Trainer()",
+        "callbacks/limits.py",
+        "",
+        ENV_NAME,
+        1,
+        False,
+        with_env_limit(new_trainer),
+        "2",
+        ("0", "1.5"),
+        none_reaches_check=False,
     ),
     Place(
-        "TrackingCallback-log_every_n_steps", "callbacks/trackers.py", "TrackingCallback", "log_every_n_steps", 1,
-        False, lambda value: TrackingCallback(log_every_n_steps=value), 1, (0, 2.5),
+        "TrackingCallback-log_every_n_steps",
+        "callbacks/trackers.py",
+        "TrackingCallback",
+        "log_every_n_steps",
+        1,
+        False,
+        lambda value: TrackingCallback(log_every_n_steps=value),
+        1,
+        (0, 2.5),
     ),
     *(
         Place(
-            f"PlotRunCallback-{name}", "callbacks/plotting.py", "PlotRunCallback", name, 1, False,
-            plot_callback_with(name), 2, (0, 1.5),
+            f"PlotRunCallback-{name}",
+            "callbacks/plotting.py",
+            "PlotRunCallback",
+            name,
+            1,
+            False,
+            plot_callback_with(name),
+            2,
+            (0, 1.5),
         )
         for name in ("dpi", "columns")
     ),
     Place(
-        "predict-per_device_batch_size", "prediction.py", "", "per_device_batch_size", 1, False,
-        lambda value: new_trainer().predict(DATA, per_device_batch_size=value), 4, (0, "3"),
+        "predict-per_device_batch_size",
+        "prediction.py",
+        "",
+        "per_device_batch_size",
+        1,
+        False,
+        lambda value: new_trainer().predict(DATA, per_device_batch_size=value),
+        4,
+        (0, "3"),
     ),
     Place(
-        "TerminateOnNaNCallback-check_every_n_steps", "callbacks/defaults.py", "TerminateOnNaNCallback",
-        "check_every_n_steps", 1, False, TerminateOnNaNCallback, 1, (0, 2.5),
+        "TerminateOnNaNCallback-check_every_n_steps",
+        "callbacks/defaults.py",
+        "TerminateOnNaNCallback",
+        "check_every_n_steps",
+        1,
+        False,
+        TerminateOnNaNCallback,
+        1,
+        (0, 2.5),
     ),
     *(
         Place(
-            f"SaveTrainingStateCallback-{name}", "callbacks/training_state.py", "SaveTrainingStateCallback", name, 1,
-            optional, save_training_state_callback_with(name), 1, bad,
+            f"SaveTrainingStateCallback-{name}",
+            "callbacks/training_state.py",
+            "SaveTrainingStateCallback",
+            name,
+            1,
+            optional,
+            save_training_state_callback_with(name),
+            1,
+            bad,
         )
         for name, optional, bad in (
             ("save_every_n_epochs", True, (0, True)),
@@ -203,31 +295,82 @@ PLACES = [
         )
     ),
     Place(
-        "StepBasedEvaluationCallback-eval_every_n_steps", "callbacks/evaluation.py", "StepBasedEvaluationCallback",
-        "eval_every_n_steps", 1, False, StepBasedEvaluationCallback, 1, (0, True),
+        "StepBasedEvaluationCallback-eval_every_n_steps",
+        "callbacks/evaluation.py",
+        "StepBasedEvaluationCallback",
+        "eval_every_n_steps",
+        1,
+        False,
+        StepBasedEvaluationCallback,
+        1,
+        (0, True),
     ),
     Place(
-        "LimitEvalStepsCallback-num_eval_steps", "callbacks/evaluation.py", "LimitEvalStepsCallback",
-        "num_eval_steps", 1, False, LimitEvalStepsCallback, 1, (-1, "3"),
+        "LimitEvalStepsCallback-num_eval_steps",
+        "callbacks/evaluation.py",
+        "LimitEvalStepsCallback",
+        "num_eval_steps",
+        1,
+        False,
+        LimitEvalStepsCallback,
+        1,
+        (-1, "3"),
     ),
     Place(
-        "LimitBatchesCallback-num_batches", "callbacks/limits.py", "LimitBatchesCallback", "num_batches", 1, False,
-        LimitBatchesCallback, 1, (0, 2.5),
+        "LimitBatchesCallback-num_batches",
+        "callbacks/limits.py",
+        "LimitBatchesCallback",
+        "num_batches",
+        1,
+        False,
+        LimitBatchesCallback,
+        1,
+        (0, 2.5),
     ),
     Place(
-        "LimitBatches-num_batches", "utils.py", "LimitBatches", "num_batches", 1, False, LimitBatches, 1, (0, True),
+        "LimitBatches-num_batches",
+        "utils.py",
+        "LimitBatches",
+        "num_batches",
+        1,
+        False,
+        LimitBatches,
+        1,
+        (0, True),
     ),
     Place(
-        "EarlyStoppingCallback-early_stopping_patience", "callbacks/monitoring.py", "EarlyStoppingCallback",
-        "early_stopping_patience", 1, False, EarlyStoppingCallback, 1, (0, 2.5),
+        "EarlyStoppingCallback-early_stopping_patience",
+        "callbacks/monitoring.py",
+        "EarlyStoppingCallback",
+        "early_stopping_patience",
+        1,
+        False,
+        EarlyStoppingCallback,
+        1,
+        (0, 2.5),
     ),
     Place(
-        "DataLoaderSlice-slice_size", "utils.py", "DataLoaderSlice", "slice_size", 0, True,
-        lambda value: DataLoaderSlice([1, 2, 3], value), 0, (-1, 2.5),
+        "DataLoaderSlice-slice_size",
+        "utils.py",
+        "DataLoaderSlice",
+        "slice_size",
+        0,
+        True,
+        lambda value: DataLoaderSlice([1, 2, 3], value),
+        0,
+        (-1, 2.5),
     ),
     *(
         Place(
-            f"CosineLrScheduler-{name}", "schedulers/cosine.py", "", name, minimum, False, cosine_with(name), valid, bad,
+            f"CosineLrScheduler-{name}",
+            "schedulers/cosine.py",
+            "",
+            name,
+            minimum,
+            False,
+            cosine_with(name),
+            valid,
+            bad,
         )
         for name, minimum, valid, bad in (
             ("total_num_epochs", 1, 4, (0, 2.5)),
@@ -239,8 +382,15 @@ PLACES = [
     *(
         Place(
             # num_warmup_steps=None means 1% of the run (COMPAT 6.6).
-            f"WSDLrScheduler-{name}", "schedulers/wsd.py", "", name, minimum, name == "num_warmup_steps",
-            wsd_with(name), valid, bad,
+            f"WSDLrScheduler-{name}",
+            "schedulers/wsd.py",
+            "",
+            name,
+            minimum,
+            name == "num_warmup_steps",
+            wsd_with(name),
+            valid,
+            bad,
             none_reaches_check=none_reaches_check,
         )
         for name, minimum, valid, bad, none_reaches_check in (
@@ -251,7 +401,17 @@ PLACES = [
             ("num_checkpoints", 1, 3, (0, 3.0), True),
         )
     ),
-    Place("WSDLrScheduler.get_phase_info-step", "schedulers/wsd.py", "", "step", 0, False, wsd_phase_info, 0, (-1, 2.5)),
+    Place(
+        "WSDLrScheduler.get_phase_info-step",
+        "schedulers/wsd.py",
+        "",
+        "step",
+        0,
+        False,
+        wsd_phase_info,
+        0,
+        (-1, 2.5),
+    ),
 ]
 BAD_CASES = [
     pytest.param(place, value, id=f"{place.id}-{value!r}") for place in PLACES for value in place.bad
@@ -297,7 +457,11 @@ def test_valid_whole_numbers_are_used_as_given() -> None:
         patch.setenv(ENV, "none")
         assert limit_batches_callback_from_env() is None
     assert CosineLrScheduler(optimizer(), total_num_epochs=4, num_update_steps_per_epoch=10).total_steps == 40
-    assert WSDLrScheduler(optimizer(), total_steps=100, num_checkpoints=3).get_checkpoint_steps() == [25, 50, 100]
+    assert WSDLrScheduler(optimizer(), total_steps=100, num_checkpoints=3).get_checkpoint_steps() == [
+        25,
+        50,
+        100,
+    ]
     assert len(DataLoaderSlice([1, 2, 3], 0)) == 0 and len(DataLoaderSlice([1, 2, 3], None)) == 3
 
 
@@ -343,7 +507,10 @@ def _non_docstring_strings(tree: ast.AST) -> list[str]:
 
 
 def test_the_whole_number_wording_is_defined_only_in_internal_validation() -> None:
-    sources = {path.relative_to(PACKAGE).as_posix(): path.read_text(encoding="utf-8") for path in PACKAGE.rglob("*.py")}
+    sources = {
+        path.relative_to(PACKAGE).as_posix(): path.read_text(encoding="utf-8")
+        for path in PACKAGE.rglob("*.py")
+    }
     with_phrase = sorted(name for name, text in sources.items() if "must be a whole number" in text)
     assert with_phrase == [VALIDATION]
     # No message text (strings that are not docstrings) elsewhere spells the wording out either.

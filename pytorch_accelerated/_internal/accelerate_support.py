@@ -81,7 +81,9 @@ def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
     return accelerator.distributed_type in engines or isinstance(optimizer, DummyOptim)
 
 
-def prepare_together(accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any) -> tuple[Any, Any, Any]:
+def prepare_together(
+    accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any
+) -> tuple[Any, Any, Any]:
     """Prepare model, optimizer (if any) and training loader (if not prepared yet) in one
     ``prepare`` call; return the three, each unchanged where it was not passed."""
     objects: list[Any] = [model]
@@ -103,7 +105,9 @@ def shared_random_seed(accelerator: Accelerator) -> int:
 
 def needs_preparing(dataloader: Any) -> bool:
     # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
-    return isinstance(dataloader, DataLoader) and not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher))
+    return isinstance(dataloader, DataLoader) and not isinstance(
+        dataloader, (DataLoaderShard, DataLoaderDispatcher)
+    )
 
 
 #: Set-ups where ``Accelerator.backward`` and the prepared optimizer's ``step``/``zero_grad`` only
@@ -112,7 +116,15 @@ def needs_preparing(dataloader: Any) -> bool:
 _PASS_THROUGH_DISTRIBUTED_TYPES = frozenset(
     getattr(DistributedType, name)
     for name in (
-        "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU"
+        "NO",
+        "MULTI_CPU",
+        "MULTI_GPU",
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_SDAA",
+        "MULTI_MUSA",
+        "MULTI_XPU",
+        "MULTI_HPU",
     )
     if hasattr(DistributedType, name)
 )
@@ -150,7 +162,10 @@ def check_accelerator(accelerator: Accelerator) -> None:
             f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
         )
     # Under DeepSpeed this is its config's value; train() says what to do with it.
-    if accelerator.gradient_accumulation_steps != 1 and accelerator.distributed_type != DistributedType.DEEPSPEED:
+    if (
+        accelerator.gradient_accumulation_steps != 1
+        and accelerator.distributed_type != DistributedType.DEEPSPEED
+    ):
         raise ValueError(
             f"The Accelerator was configured with gradient_accumulation_steps="
             f"{accelerator.gradient_accumulation_steps}; the Trainer handles accumulation "
@@ -174,7 +189,11 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
     and says nothing: the run is in full precision (fp32).
     """
     requested = str(accelerator.mixed_precision)
-    if requested != "fp16" or accelerator.native_amp or accelerator.distributed_type in _ENGINES_WITH_OWN_PRECISION:
+    if (
+        requested != "fp16"
+        or accelerator.native_amp
+        or accelerator.distributed_type in _ENGINES_WITH_OWN_PRECISION
+    ):
         return None
     return (
         f"mixed_precision='fp16' was requested, but fp16 does not run on this {accelerator.device.type.upper()} "

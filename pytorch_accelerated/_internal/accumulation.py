@@ -79,7 +79,9 @@ class WindowWeighting:
             return loss
         return loss * (weight / (self._unit(weight) * window_size))
 
-    def correct_gradients(self, parameters: Iterable[torch.nn.Parameter], window_weight: Any, window_size: int) -> None:
+    def correct_gradients(
+        self, parameters: Iterable[torch.nn.Parameter], window_weight: Any, window_size: int
+    ) -> None:
         """After a window's backward passes, rescale gradients by reference / true weight.
 
         Item counts may differ between processes, so with several processes their total is

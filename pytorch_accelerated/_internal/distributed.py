@@ -29,12 +29,16 @@ def gather_ragged(accelerator: Accelerator, data: Any, padding: bool = False) ->
     """
     is_object = not isinstance(data, (torch.Tensor, dict, list, tuple))
     if padding and not is_object:
-        data = recursively_apply(lambda tensor: tensor.reshape(-1)[:0] if tensor.dim() == 0 else tensor[:0], data)
+        data = recursively_apply(
+            lambda tensor: tensor.reshape(-1)[:0] if tensor.dim() == 0 else tensor[:0], data
+        )
     if accelerator.num_processes == 1:
         return [] if padding and is_object else data
     if is_object:
         return gather_object([] if padding else [data])
-    return recursively_apply(lambda tensor: _gather_tensor(accelerator, tensor), data, error_on_other_type=True)
+    return recursively_apply(
+        lambda tensor: _gather_tensor(accelerator, tensor), data, error_on_other_type=True
+    )
 
 
 def _gather_tensor(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,13 @@ SIGNAL_GRACE_ENV = "PT_ACC_SIGNAL_GRACE"
 
 # What gloo, NCCL and torch say when a collective fails because another process left it.
 _NOTE_MARK = "collective operation"
-_COLLECTIVE_FAILURES = ("/gloo/", "NCCL", "Connection closed by peer", "Connection reset by peer", "Timed out waiting")
+_COLLECTIVE_FAILURES = (
+    "/gloo/",
+    "NCCL",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out waiting",
+)
 
 
 def describe_position(trainer: Any) -> str:
@@ -52,7 +58,11 @@ def explain_collective_failure(trainer: Any, error: BaseException) -> None:
     failed where, and that the real error is probably another process's."""
     accelerator = trainer.accelerator
     notes = getattr(error, "__notes__", [])
-    if accelerator.num_processes == 1 or not is_collective_failure(error) or any(_NOTE_MARK in n for n in notes):
+    if (
+        accelerator.num_processes == 1
+        or not is_collective_failure(error)
+        or any(_NOTE_MARK in n for n in notes)
+    ):
         return
     rank, where = accelerator.process_index, describe_position(trainer)
     if "Timed out" in str(error) or "timed out" in str(error):
@@ -115,7 +125,9 @@ class SignalWatchdog:
             writer.close()
             raise
         self._reader, self._writer = reader, writer
-        self._thread = threading.Thread(target=self._watch, name="pytorch_accelerated-signal-watchdog", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="pytorch_accelerated-signal-watchdog", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

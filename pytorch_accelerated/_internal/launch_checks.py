@@ -179,7 +179,9 @@ def _claim_place(store: torch.distributed.TCPStore, prefix: str, launch: Launch)
     return None
 
 
-def _wait_for_everyone(store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float) -> None:
+def _wait_for_everyone(
+    store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float
+) -> None:
     """Wait for the last process to check in (or for one to report a conflict)."""
     try:
         store.wait([f"{prefix}/done"], timedelta(seconds=timeout_s))

@@ -88,7 +88,9 @@ def check_callbacks(callbacks: Any) -> None:
     if hasattr(callbacks, "custom_events"):  # one TrainerCallback, or one class of them
         name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
         shown = name if isinstance(callbacks, type) else f"{name}()"
-        raise TypeError(f"callbacks must be a list of callbacks, got one {name}: pass a list: callbacks=[{shown}].")
+        raise TypeError(
+            f"callbacks must be a list of callbacks, got one {name}: pass a list: callbacks=[{shown}]."
+        )
     raise TypeError(f"callbacks must be a list of TrainerCallback instances or classes, got {callbacks!r}.")
 
 
@@ -178,7 +180,9 @@ def check_collate_fn(collate_fn: Any) -> None:
     check_optional_callable(collate_fn, "collate_fn", "a function that makes a batch from a list of samples")
 
 
-def check_evaluate_arguments(dataset: Any, per_device_batch_size: Any, dataloader_kwargs: Any, collate_fn: Any, seed: Any) -> None:
+def check_evaluate_arguments(
+    dataset: Any, per_device_batch_size: Any, dataloader_kwargs: Any, collate_fn: Any, seed: Any
+) -> None:
     """Check the arguments of ``evaluate()``."""
     check_whole_number(per_device_batch_size, "per_device_batch_size")
     check_dataset(dataset, "dataset")
@@ -208,7 +212,10 @@ def _check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes
         return
     kwargs_name = name.replace("dataset", "dataloader_kwargs")
     batch_sampler = getattr(loader, "batch_sampler", None)
-    batch_size, drop_last = getattr(batch_sampler, "batch_size", None), getattr(batch_sampler, "drop_last", False)
+    batch_size, drop_last = (
+        getattr(batch_sampler, "batch_size", None),
+        getattr(batch_sampler, "drop_last", False),
+    )
     num_samples = len(dataset)
     if not drop_last or batch_size is None:
         raise ValueError(
@@ -248,7 +255,9 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     raise StopTrainingError(message)
 
 
-def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any) -> None:
+def check_train_arguments(
+    accelerator: Any, model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any
+) -> None:
     """Check every argument of ``train()`` before anything is set up: ``settings`` holds the
     counts and clipping values, ``set_up`` the keywords of the Trainer's set-up (the data sets,
     loader arguments, ``create_scheduler_fn``, ``collate_fn``, ``seed``, ...); ``accelerator``
@@ -328,7 +337,9 @@ def check_dataset(dataset: Any, name: str) -> None:
             f"{type(dataset).__name__}."
         ) from None
     if length == 0:
-        raise ValueError(f"{name} is empty (len 0): there is nothing to iterate over. Check how it was built or filtered.")
+        raise ValueError(
+            f"{name} is empty (len 0): there is nothing to iterate over. Check how it was built or filtered."
+        )
 
 
 def check_batch_output(batch_output: Any, method: str) -> None:

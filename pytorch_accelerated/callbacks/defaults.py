@@ -83,7 +83,9 @@ class TerminateOnNaNCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.triggered = False
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step and trainer.progress.global_step % self.check_every_n_steps == 0:
             self._stop_if_non_finite(trainer)
 
@@ -94,7 +96,9 @@ class TerminateOnNaNCallback(TrainerCallback):
         total = trainer.run_state.eval_loss.running_total  # a sum over this process's batches
         if trainer.any_process(~torch.isfinite(torch.as_tensor(total)).all()):
             self.triggered = True
-            trainer.print(f"A non-finite evaluation loss was seen at step {trainer.progress.global_step}; stopping.")
+            trainer.print(
+                f"A non-finite evaluation loss was seen at step {trainer.progress.global_step}; stopping."
+            )
             raise StopTrainingError("non-finite evaluation loss")
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
@@ -243,7 +247,11 @@ class ProgressBarCallback(TrainerCallback):
                 f"ProgressBarCallback: enabled must be True, False or None (decide by whether "
                 f"standard output is a terminal), got {enabled!r}."
             )
-        if isinstance(refresh_interval, bool) or not isinstance(refresh_interval, numbers.Real) or not refresh_interval > 0:
+        if (
+            isinstance(refresh_interval, bool)
+            or not isinstance(refresh_interval, numbers.Real)
+            or not refresh_interval > 0
+        ):
             raise ValueError(
                 f"ProgressBarCallback: refresh_interval must be a number of seconds > 0 (e.g. 0.1), "
                 f"got {refresh_interval!r}."
@@ -307,9 +315,13 @@ class ProgressBarCallback(TrainerCallback):
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         config = trainer.run_config
-        label = f"epoch {trainer.progress.epoch + 1}" + (f"/{config.num_epochs}" if config is not None else "")
+        label = f"epoch {trainer.progress.epoch + 1}" + (
+            f"/{config.num_epochs}" if config is not None else ""
+        )
         # Resuming mid-epoch starts at the batch the run stopped at.
-        self._train = _EpochCounts(label, trainer.progress.batch_index, batches_per_epoch(trainer.train_dataloader))
+        self._train = _EpochCounts(
+            label, trainer.progress.batch_index, batches_per_epoch(trainer.train_dataloader)
+        )
         self.train_bar = self._open(trainer, self._train, position=0, leave=True)
 
     def on_train_step_end(
@@ -404,11 +416,15 @@ class LogMetricsCallback(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         history = trainer.run_history
-        self.log_metrics(trainer, {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())})
+        self.log_metrics(
+            trainer, {name: history.get_latest_metric(name) for name in sorted(history.get_metric_names())}
+        )
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         history = trainer.run_history
-        self._counts_before = {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
+        self._counts_before = {
+            name: len(history.get_metric_values(name)) for name in history.get_metric_names()
+        }
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # Only what this evaluation measured, not the training metrics still in the history.

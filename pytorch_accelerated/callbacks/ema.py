@@ -93,7 +93,9 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
         save_scheduler: bool = False,
     ) -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
-            raise ValueError(f"ModelEmaCallback decay must be a number in [0, 1] (e.g. 0.99 or 0.999), got {decay!r}.")
+            raise ValueError(
+                f"ModelEmaCallback decay must be a number in [0, 1] (e.g. 0.99 or 0.999), got {decay!r}."
+            )
         super().__init__(watch_metric, greater_is_better, reset_on_train=True)
         self.decay = decay
         self.evaluate_during_training = evaluate_during_training
@@ -134,8 +136,11 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_start(trainer)
         refuse_under_fsdp(
-            trainer.accelerator, "ModelEmaCallback", "it keeps a whole copy of the model on each process, and "
-            "FSDP's model is sharded across the processes", "Remove it from the callbacks, or train without FSDP.",
+            trainer.accelerator,
+            "ModelEmaCallback",
+            "it keeps a whole copy of the model on each process, and "
+            "FSDP's model is sharded across the processes",
+            "Remove it from the callbacks, or train without FSDP.",
         )
         self.ema_model = self.model_ema(trainer.get_model(), decay=self.decay).to(trainer.device)
         if self._pending_ema_state is not None:
@@ -143,7 +148,9 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
             self._pending_ema_state = None
         self._in_training_run, self._pending_intermediate = True, False
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if self.ema_model is not None and is_update_step:
             self.ema_model.update(trainer.model)
         self._run_pending_intermediate(trainer)
@@ -189,7 +196,9 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
         trainer.callback_handler = self.callback_handler
         try:
             return trainer.run_eval_epoch(
-                model=self.ema_model.module, is_intermediate=is_intermediate, metric_name_prefix=EMA_METRIC_PREFIX
+                model=self.ema_model.module,
+                is_intermediate=is_intermediate,
+                metric_name_prefix=EMA_METRIC_PREFIX,
             )
         finally:
             trainer.callback_handler = trainer_handler
@@ -216,7 +225,9 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
             except NonFiniteStateError as error:  # the run ends anyway: the other end hooks run
                 trainer.print(str(error))
         elif self.load_saved_checkpoint and self.best_epoch is not None:
-            trainer.load_checkpoint(self.save_path, load_optimizer=False, load_scheduler=False, model=self.ema_model.module)
+            trainer.load_checkpoint(
+                self.save_path, load_optimizer=False, load_scheduler=False, model=self.ema_model.module
+            )
             trainer.print(
                 f"Loaded the best EMA weights of epoch {self.best_epoch} "
                 f"({self.watch_metric} = {self.best_metric:.6g}) into ModelEmaCallback.ema_model"
@@ -232,7 +243,11 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
         # The EMA copy is the same on every process; save_checkpoint writes it once per node.
         trainer.save_checkpoint(
             self.save_path,
-            checkpoint_kwargs={"global_step": trainer.progress.global_step, "ema_decay": float(self.decay), **extra},
+            checkpoint_kwargs={
+                "global_step": trainer.progress.global_step,
+                "ema_decay": float(self.decay),
+                **extra,
+            },
             save_optimizer=self.save_optimizer,
             save_scheduler=self.save_scheduler,
             model=self.ema_model.module,

@@ -54,7 +54,9 @@ class StepBasedEvaluationCallback(TrainerCallback):
                 "evaluation set. Pass train(..., eval_dataset=...) or remove the callback."
             )
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         global_step = trainer.progress.global_step
         # With gradient accumulation most batches end without an update: evaluate only after one.
         if is_update_step and global_step % self.eval_every_n_steps == 0:
@@ -79,7 +81,9 @@ class LimitEvalStepsCallback(TrainerCallback):
     """
 
     def __init__(self, num_eval_steps: int, limit_intermediate_only: bool = True) -> None:
-        self.num_eval_steps = check_whole_number(num_eval_steps, "num_eval_steps", owner="LimitEvalStepsCallback")
+        self.num_eval_steps = check_whole_number(
+            num_eval_steps, "num_eval_steps", owner="LimitEvalStepsCallback"
+        )
         if not isinstance(limit_intermediate_only, bool):
             raise TypeError(
                 f"LimitEvalStepsCallback needs limit_intermediate_only to be True or False, got "

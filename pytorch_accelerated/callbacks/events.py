@@ -90,7 +90,9 @@ class TrainerCallback:
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Before the forward pass of each training batch."""
 
-    def on_step_metrics(self, trainer: Trainer, step: int = 0, metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+    def on_step_metrics(
+        self, trainer: Trainer, step: int = 0, metrics: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
         """After an optimizer update where a step-metrics point is due (only in runs where a
         callback asked for them, see :mod:`pytorch_accelerated.step_metrics`), before
         ``on_train_step_end``. ``step`` is the number of completed updates; ``metrics`` maps
@@ -353,7 +355,9 @@ def _keys_from_positions(states: Mapping[str, Any], keyed: Mapping[str, TrainerC
     by_class: dict[str, list[str]] = {}
     for key, callback in keyed.items():
         by_class.setdefault(type(callback).__name__, []).append(key)
-    converted: dict[str, Any] = {key: state for key, state in states.items() if not _POSITIONAL_KEY.match(key)}
+    converted: dict[str, Any] = {
+        key: state for key, state in states.items() if not _POSITIONAL_KEY.match(key)
+    }
     for index, class_name, state in positional:
         keys = by_class.get(class_name)
         converted[keys.pop(0) if keys else f"{index}:{class_name}"] = state

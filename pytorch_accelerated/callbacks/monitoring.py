@@ -33,9 +33,13 @@ class MetricWatchingCallback(TrainerCallback):
     just after :meth:`load_state_dict`: a restored state is kept for the run that follows.
     """
 
-    def __init__(self, watch_metric: str, greater_is_better: bool, reset_on_train: bool, threshold: float = 0.0) -> None:
+    def __init__(
+        self, watch_metric: str, greater_is_better: bool, reset_on_train: bool, threshold: float = 0.0
+    ) -> None:
         if not isinstance(watch_metric, str) or not watch_metric:
-            raise TypeError(f"watch_metric must be a metric name such as 'eval_loss_epoch', got {watch_metric!r}.")
+            raise TypeError(
+                f"watch_metric must be a metric name such as 'eval_loss_epoch', got {watch_metric!r}."
+            )
         self.watch_metric = watch_metric
         self.greater_is_better = bool(greater_is_better)
         self.reset_on_train = bool(reset_on_train)
@@ -197,7 +201,11 @@ class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
         # not finite: the best so far then stays the one in the file.
         trainer.save_checkpoint(
             self.save_path,
-            checkpoint_kwargs={"epoch": epoch, "global_step": trainer.progress.global_step, self.watch_metric: value},
+            checkpoint_kwargs={
+                "epoch": epoch,
+                "global_step": trainer.progress.global_step,
+                self.watch_metric: value,
+            },
             save_optimizer=self.save_optimizer,
             save_scheduler=self.save_scheduler,
         )

@@ -264,7 +264,9 @@ def wandb_written_steps(directory: Path, run_id: str) -> dict[str, int]:
     return written
 
 
-def not_written_yet(values: dict[str, Any], step: int | None, written_steps: Mapping[str, int] | None) -> dict[str, Any]:
+def not_written_yet(
+    values: dict[str, Any], step: int | None, written_steps: Mapping[str, int] | None
+) -> dict[str, Any]:
     """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
     MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
     if step is None or not written_steps:

@@ -121,7 +121,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._saved_at = self._saved_dir = None
         self._eval_steps = 0
         if self.asynchronous and uses_fsdp(trainer.accelerator):  # refused now, not at the first save
-            sharded.check_can_save(trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False)
+            sharded.check_can_save(
+                trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
+            )
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:
@@ -159,7 +161,11 @@ class SaveTrainingStateCallback(TrainerCallback):
         if self._watchdog is not None:
             self._watchdog.settle()
         directory = self._save_here(trainer, "final", at_end=True)
-        saved = f"the training state saved to {directory} covers it" if directory else "no training state was saved"
+        saved = (
+            f"the training state saved to {directory} covers it"
+            if directory
+            else "no training state was saved"
+        )
         trainer.print(f"Received {signal.Signals(signum).name} after the last step: {saved}.")
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
@@ -206,7 +212,9 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ safe points
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if not is_update_step:  # inside an accumulation window: nothing to save
             return
         global_step = trainer.progress.global_step
@@ -246,7 +254,9 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ saving
 
-    def _save_here(self, trainer: Trainer, name: str | None = None, at_end: bool = False, asynchronous: bool = False) -> Path | None:
+    def _save_here(
+        self, trainer: Trainer, name: str | None = None, at_end: bool = False, asynchronous: bool = False
+    ) -> Path | None:
         """Save a state named ``name`` (default ``step_{N}``) at the current position, unless
         one was saved there already (under this name, or under any name when ``name`` is None);
         return its directory, or None when none was written (a non-finite state at the end)."""
@@ -267,7 +277,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._saved_at, self._saved_dir = position, directory
         return directory
 
-    def _save(self, trainer: Trainer, directory: Path, at_end: bool = False, asynchronous: bool = False) -> bool:
+    def _save(
+        self, trainer: Trainer, directory: Path, at_end: bool = False, asynchronous: bool = False
+    ) -> bool:
         """Save a state, then delete the oldest beyond ``max_checkpoints``; return whether it
         was written (or, ``asynchronous``, is being written).
 
@@ -279,7 +291,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         # Passed only when asked for, so that an override of the 0.1.61 signature still works.
         options = {"asynchronous": True} if asynchronous else {}
         try:
-            trainer.save_training_state(directory, checkpoint_kwargs={"global_step": trainer.progress.global_step}, **options)
+            trainer.save_training_state(
+                directory, checkpoint_kwargs={"global_step": trainer.progress.global_step}, **options
+            )
         except NonFiniteStateError as error:
             if not at_end:
                 raise
@@ -313,7 +327,9 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     never make rotation delete the newest finite one, even when they are newer.
     """
     states = sorted((path for _, path in list_complete_states(save_dir)), key=_save_order)  # oldest first
-    finite = [path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True]
+    finite = [
+        path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True
+    ]
     protected = {just_saved, *finite[-1:]}
     excess = len(states) - keep
     for path in states:

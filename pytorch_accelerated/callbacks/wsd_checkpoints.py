@@ -149,7 +149,9 @@ class WSDCheckpointCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ saving
 
-    def on_train_step_end(self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step:  # not when only accumulating
             self._save_if_due(trainer, self._scheduler_step(trainer))
 

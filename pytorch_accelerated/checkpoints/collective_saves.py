@@ -47,16 +47,24 @@ def agree_on_save(trainer: Trainer, error: Exception | None, what: str, target: 
         return
     if what == "the training state":
         state_dirs.remove_temporary(target)
-    intact = "the previous states are intact" if what == "the training state" else "an earlier file there is unchanged"
+    intact = (
+        "the previous states are intact"
+        if what == "the training state"
+        else "an earlier file there is unchanged"
+    )
     if error is None:
         raise files.CheckpointWriteError(
-            None, f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-            f"write it (its output says why). Nothing was written; {intact}.", target
+            None,
+            f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
+            f"write it (its output says why). Nothing was written; {intact}.",
+            target,
         )
     if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
         raise files.CheckpointWriteError(
-            error.errno, f"Could not save {what} to {target}: {error.message}. Nothing was written; "
-            f"{intact}. {files.write_hint(error, target)}", target
+            error.errno,
+            f"Could not save {what} to {target}: {error.message}. Nothing was written; "
+            f"{intact}. {files.write_hint(error, target)}",
+            target,
         ) from error
     raise error
 
@@ -70,4 +78,6 @@ def saves_on_each_node(accelerator: Any) -> bool:
 
 def writes_shared_files(accelerator: Any) -> bool:
     """Whether this process writes a state's shared files (model, optimizer, ...) and publishes it."""
-    return bool(accelerator.is_local_main_process if saves_on_each_node(accelerator) else accelerator.is_main_process)
+    return bool(
+        accelerator.is_local_main_process if saves_on_each_node(accelerator) else accelerator.is_main_process
+    )

@@ -155,7 +155,10 @@ def write_torch_file(obj: Any, path: Path) -> None:
 @contextlib.contextmanager
 def _interrupts_held_back() -> Iterator[None]:
     """Hold back SIGINT's KeyboardInterrupt until the block ends (main thread, default handler only)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     received: list[int] = []
@@ -234,10 +237,14 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
             raise CheckpointFileError(f"{path} {problem}. {hint}") from error
         if isinstance(error, pickle.UnpicklingError) and _refused_for_code(path, error):
             raise pickle.UnpicklingError(_unsafe_message(path, error)) from error
-        raise CheckpointFileError(f"{path} could not be loaded: {_torch_reason(error)}. {_BAD_FILE_HINT}") from error
+        raise CheckpointFileError(
+            f"{path} could not be loaded: {_torch_reason(error)}. {_BAD_FILE_HINT}"
+        ) from error
 
 
-_BAD_FILE_HINT = "Its save may have been interrupted, or the file damaged: use another checkpoint, or save it again."
+_BAD_FILE_HINT = (
+    "Its save may have been interrupted, or the file damaged: use another checkpoint, or save it again."
+)
 _OTHER_FORMAT_HINT = "Check the path: pass a file written by save_checkpoint (or torch.save)."
 
 
@@ -272,7 +279,9 @@ def describe_bad_file(path: Path) -> str | None:
 def _describe_bad_zip(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as archive:
-            records = [name for name in archive.namelist() if name.count("/") == 1 and name.endswith("/data.pkl")]
+            records = [
+                name for name in archive.namelist() if name.count("/") == 1 and name.endswith("/data.pkl")
+            ]
             if not records:
                 return "is a zip archive, not a file written by torch.save (it holds no data.pkl)"
             list(pickletools.genops(archive.read(records[0])))
@@ -344,5 +353,9 @@ def _unsafe_message(path: Path, error: pickle.UnpicklingError) -> str:
 def _torch_reason(error: BaseException) -> str:
     """Torch's own reason for a failed load, without its generic advice about weights_only."""
     paragraphs = [part.strip() for part in str(error).split("\n\n") if part.strip()]
-    reasons = [part for part in paragraphs if "weights_only" not in part and not part.startswith("Check the documentation")]
+    reasons = [
+        part
+        for part in paragraphs
+        if "weights_only" not in part and not part.startswith("Check the documentation")
+    ]
     return " ".join(" ".join(reasons).split()).rstrip(".") or type(error).__name__

@@ -52,7 +52,9 @@ def save_checkpoint(
     source = trainer.model if model is None else model
     everywhere = is_sharded(source) and _written_beyond_main_process(trainer, writer)
     # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
-    checkpoint: dict[str, Any] = {"model_state_dict": state_checks.without_compile_prefix(_model_state(trainer, source, everywhere))}
+    checkpoint: dict[str, Any] = {
+        "model_state_dict": state_checks.without_compile_prefix(_model_state(trainer, source, everywhere))
+    }
     if save_optimizer and trainer.optimizer is not None:
         checkpoint["optimizer_state_dict"] = optimizer_state_dict(trainer, everywhere)
     if save_scheduler and trainer.scheduler is not None:
@@ -73,18 +75,28 @@ def load_checkpoint(
         _refuse_fsdp1_optimizer(trainer, "load_checkpoint", "load_optimizer")
     checkpoint = files.safe_torch_load(checkpoint_path)
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-        raise ValueError(f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict').")
+        raise ValueError(
+            f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
+        )
     target = trainer.get_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
     model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
     state_checks.check_model_state(target, model_state, str(checkpoint_path))
     # Absent states, and objects the trainer does not have (an evaluation-only Trainer), are skipped.
-    optimizer_state = checkpoint.get("optimizer_state_dict") if load_optimizer and trainer.optimizer is not None else None
-    scheduler_state = checkpoint.get("scheduler_state_dict") if load_scheduler and trainer.scheduler is not None else None
+    optimizer_state = (
+        checkpoint.get("optimizer_state_dict") if load_optimizer and trainer.optimizer is not None else None
+    )
+    scheduler_state = (
+        checkpoint.get("scheduler_state_dict") if load_scheduler and trainer.scheduler is not None else None
+    )
     if optimizer_state is not None:
-        state_checks.check_object_state(trainer.optimizer, optimizer_state, f"{checkpoint_path} (optimizer_state_dict)")
+        state_checks.check_object_state(
+            trainer.optimizer, optimizer_state, f"{checkpoint_path} (optimizer_state_dict)"
+        )
     if scheduler_state is not None:
-        state_checks.check_object_state(trainer.scheduler, scheduler_state, f"{checkpoint_path} (scheduler_state_dict)")
+        state_checks.check_object_state(
+            trainer.scheduler, scheduler_state, f"{checkpoint_path} (scheduler_state_dict)"
+        )
     load_full_model_state(target, model_state)
     if optimizer_state is not None:
         load_optimizer_state(trainer, optimizer_state)
@@ -123,7 +135,11 @@ def _torch_optimizer(optimizer: Any) -> Any:
 
 
 def _sharded_optimizer(trainer: Trainer) -> bool:
-    parameters = (parameter for group in _torch_optimizer(trainer.optimizer).param_groups for parameter in group["params"])
+    parameters = (
+        parameter
+        for group in _torch_optimizer(trainer.optimizer).param_groups
+        for parameter in group["params"]
+    )
     return any(is_dtensor(parameter) for parameter in parameters)
 
 
@@ -131,7 +147,11 @@ def _refuse_fsdp1_optimizer(trainer: Trainer, method: str, argument: str) -> Non
     """Refuse, before anything is read or written, to move a whole optimizer state in or out of
     FSDP version 1, whose optimizer holds flattened shards: only FSDP2's is gathered here."""
     accelerator = trainer.accelerator
-    if trainer.optimizer is None or accelerator.distributed_type != DistributedType.FSDP or accelerator.is_fsdp2:
+    if (
+        trainer.optimizer is None
+        or accelerator.distributed_type != DistributedType.FSDP
+        or accelerator.is_fsdp2
+    ):
         return
     raise ValueError(
         f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
@@ -181,7 +201,9 @@ def optimizer_state_dict(trainer: Trainer, everywhere: bool = False) -> dict[str
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
-    state = get_optimizer_state_dict(_plain_model(trainer), _torch_optimizer(trainer.optimizer), options=options)
+    state = get_optimizer_state_dict(
+        _plain_model(trainer), _torch_optimizer(trainer.optimizer), options=options
+    )
     return _numbered(_on_cpu(state) if everywhere else cast(dict[str, Any], state))
 
 
@@ -194,7 +216,9 @@ def _numbered(state: dict[str, Any]) -> dict[str, Any]:
     for group in state["param_groups"]:
         for name in group["params"]:
             numbers.setdefault(name, len(numbers))
-    groups = [{**group, "params": [numbers[name] for name in group["params"]]} for group in state["param_groups"]]
+    groups = [
+        {**group, "params": [numbers[name] for name in group["params"]]} for group in state["param_groups"]
+    ]
     return {"state": {numbers[name]: value for name, value in state["state"].items()}, "param_groups": groups}
 
 
@@ -217,7 +241,10 @@ def load_optimizer_state(trainer: Trainer, state: dict[str, Any]) -> None:
     names = [names_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
     named: dict[str, Any] = {
         "state": {names[number]: value for number, value in state["state"].items()},
-        "param_groups": [{**group, "params": [names[number] for number in group["params"]]} for group in state["param_groups"]],
+        "param_groups": [
+            {**group, "params": [names[number] for number in group["params"]]}
+            for group in state["param_groups"]
+        ],
     }
     set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
     # The groups' settings exactly as saved, as load_state_dict leaves them (torch's loader

@@ -58,13 +58,21 @@ def read_original_state(directory: Path, rank: int) -> OriginalState:
     metadata = files.safe_torch_load(directory / METADATA)
     epoch = metadata.get("current_epoch") if isinstance(metadata, dict) else None
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
-        raise ValueError(f"{directory / METADATA} holds no whole-number 'current_epoch' >= 1 (got {epoch!r}): it is not a training state of pytorch-accelerated.")
-    objects = {name: files.safe_torch_load(directory / original) for name, original in _OBJECT_FILES.items() if (directory / original).is_file()}
+        raise ValueError(
+            f"{directory / METADATA} holds no whole-number 'current_epoch' >= 1 (got {epoch!r}): it is not a training state of pytorch-accelerated."
+        )
+    objects = {
+        name: files.safe_torch_load(directory / original)
+        for name, original in _OBJECT_FILES.items()
+        if (directory / original).is_file()
+    }
     scheduler = _newest_scheduler_file(directory)
     if scheduler is not None:
         objects["scheduler.pt"] = files.safe_torch_load(scheduler)
     kwargs = {key: value for key, value in metadata.items() if key != "current_epoch"}
-    return OriginalState(directory, epoch, kwargs, _read_weights(directory), objects, _read_rng(directory, rank))
+    return OriginalState(
+        directory, epoch, kwargs, _read_weights(directory), objects, _read_rng(directory, rank)
+    )
 
 
 _OBJECT_FILES = {"optimizer.pt": "optimizer.bin", "scaler.pt": "scaler.pt"}
@@ -72,7 +80,8 @@ _OBJECT_FILES = {"optimizer.pt": "optimizer.bin", "scaler.pt": "scaler.pt"}
 
 def _refuse_sharded(directory: Path) -> None:
     sharded = sorted(
-        path.name for path in directory.iterdir()
+        path.name
+        for path in directory.iterdir()
         if path.name.startswith(("pytorch_model_fsdp", "optimizer_0")) or path.name.endswith(".index.json")
     )
     if sharded:
@@ -90,7 +99,9 @@ def _read_weights(directory: Path) -> dict[str, Any]:
         return dict(load_file(str(directory / "model.safetensors")))
     if (directory / "pytorch_model.bin").is_file():
         return dict(files.safe_torch_load(directory / "pytorch_model.bin"))
-    raise FileNotFoundError(f"{directory} holds neither model.safetensors nor pytorch_model.bin: the weights are missing.")
+    raise FileNotFoundError(
+        f"{directory} holds neither model.safetensors nor pytorch_model.bin: the weights are missing."
+    )
 
 
 def _newest_scheduler_file(directory: Path) -> Path | None:

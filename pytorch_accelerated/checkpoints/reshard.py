@@ -76,7 +76,9 @@ def samples_consumed(batch_index: int, skipped: int, saved: BatchSettings, num_s
     return min(num_samples, skipped + batch_index * saved.global_batch)
 
 
-def map_position(consumed: int, now: BatchSettings, num_samples: int, batches_per_epoch: int) -> MappedPosition:
+def map_position(
+    consumed: int, now: BatchSettings, num_samples: int, batches_per_epoch: int
+) -> MappedPosition:
     """The position on the settings ``now`` after ``consumed`` samples of an epoch of
     ``num_samples`` (``batches_per_epoch`` per process on ``now``, used when all were seen).
 
@@ -113,7 +115,9 @@ def unmappable_message(directory: Path, change: str, reason: str, saved: BatchSe
     )
 
 
-def check_same_training_set(state: dict[str, Any], manifest: dict[str, Any], num_samples: int, saved: BatchSettings, directory: Path) -> None:
+def check_same_training_set(
+    state: dict[str, Any], manifest: dict[str, Any], num_samples: int, saved: BatchSettings, directory: Path
+) -> None:
     """Raise unless the state was saved over a training set of ``num_samples`` samples: the
     recorded length, or (older states) one consistent with the recorded batches per epoch."""
     recorded = state.get("train_samples")
@@ -155,4 +159,7 @@ def _summed(shares: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     present = [share for share in shares if share is not None]
     if not present:
         return None
-    return {"total": sum((share["total"] for share in present), 0.0), "count": sum((share["count"] for share in present), 0)}
+    return {
+        "total": sum((share["total"] for share in present), 0.0),
+        "count": sum((share["count"] for share in present), 0),
+    }

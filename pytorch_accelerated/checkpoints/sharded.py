@@ -124,13 +124,17 @@ def _write_errors(directory: Path) -> Iterator[None]:
         for _, failure in sorted(failures.items()):
             os_error = files.find_in_chain(failure[0] if isinstance(failure, tuple) else failure, OSError)
             if os_error is not None:
-                reason = (os_error.strerror or str(os_error)) + (f" (errno {os_error.errno})" if os_error.errno else "")
+                reason = (os_error.strerror or str(os_error)) + (
+                    f" (errno {os_error.errno})" if os_error.errno else ""
+                )
                 message = f"{reason} while process {', '.join(map(str, sorted(failures)))} wrote its shards into {directory}"
                 raise files.CheckpointWriteError(os_error.errno, message, directory) from error
         raise files.write_failure(error, directory) from error
 
 
-def load(accelerator: Any, model: nn.Module, optimizer: Any, directory: Path, manifest: dict[str, Any]) -> None:
+def load(
+    accelerator: Any, model: nn.Module, optimizer: Any, directory: Path, manifest: dict[str, Any]
+) -> None:
     """Load the shards of a state checked by :func:`check_sharded_state` into ``model`` and
     ``optimizer`` (None, or a state saved without one: skipped); DCP reshards them when the
     number of processes changed. Every process must call this."""
@@ -138,7 +142,9 @@ def load(accelerator: Any, model: nn.Module, optimizer: Any, directory: Path, ma
 
     plugin = accelerator.state.fsdp_plugin
     load_fsdp_model(plugin, accelerator, model, str(directory))
-    if optimizer is not None and any(str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())):
+    if optimizer is not None and any(
+        str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())
+    ):
         load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
 
 
@@ -194,7 +200,9 @@ def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, A
         )
 
 
-def check_sharded_state(directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, rank: int) -> None:
+def check_sharded_state(
+    directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, rank: int
+) -> None:
     """Check, before anything is loaded, every file of the sharded state ``directory`` that its
     manifest lists: present, each DCP shard as long as its ``.metadata`` says, each ``.metadata``
     holding only DCP's metadata, the model's keys and shapes, the optimizer's parameters.
@@ -206,7 +214,9 @@ def check_sharded_state(directory: Path, manifest: dict[str, Any], model: nn.Mod
     listed = [str(name) for name in manifest.get("files", ())]
     missing = [name for name in listed if not (directory / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"{directory} is missing {', '.join(missing)}: the state was changed after it was saved.")
+        raise FileNotFoundError(
+            f"{directory} is missing {', '.join(missing)}: the state was changed after it was saved."
+        )
     for name in listed:
         if Path(name).name == ".metadata":
             metadata = read_dcp_metadata(directory / name)
@@ -219,8 +229,15 @@ def check_sharded_state(directory: Path, manifest: dict[str, Any], model: nn.Mod
 
 #: The classes a DCP ``.metadata`` file may name; anything else is refused before DCP unpickles it.
 _DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_OTHER_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                  ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
+_OTHER_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -229,7 +246,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             allowed = True
         if not allowed:
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of torch.distributed.checkpoint's metadata")
+            raise pickle.UnpicklingError(
+                f"it names {module}.{name}, which is not part of torch.distributed.checkpoint's metadata"
+            )
         return super().find_class(module, name)
 
 
@@ -249,9 +268,13 @@ def read_dcp_metadata(path: Path) -> Any:
             f"unpickling it could run code; the state was changed after it was saved."
         ) from error
     except Exception as error:  # EOFError, ValueError, ...: cut short or damaged
-        raise state_checks.UnusableStateError(f"{path} is truncated or corrupt ({type(error).__name__}: {error}).") from error
+        raise state_checks.UnusableStateError(
+            f"{path} is truncated or corrupt ({type(error).__name__}: {error})."
+        ) from error
     if not hasattr(metadata, "state_dict_metadata") or not hasattr(metadata, "storage_data"):
-        raise state_checks.UnusableStateError(f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint's metadata.")
+        raise state_checks.UnusableStateError(
+            f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint's metadata."
+        )
     return metadata
 
 
@@ -259,7 +282,9 @@ def _check_shard_lengths(directory: Path, metadata: Any) -> None:
     """Every shard file at least as long as the data the metadata places in it."""
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), int(info.offset) + int(info.length))
+        needed[info.relative_path] = max(
+            needed.get(info.relative_path, 0), int(info.offset) + int(info.length)
+        )
     for name, length in sorted(needed.items()):
         path = directory / name
         if not path.is_file():
@@ -275,17 +300,26 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
     ``model``'s parameters, in as many parameter groups as ``optimizer`` has."""
     entries = metadata.state_dict_metadata
     if any(key.startswith("model.") for key in entries):
-        shapes = {key[len("model."):]: torch.empty(tuple(value.size), device="meta") for key, value in entries.items() if key.startswith("model.")}
+        shapes = {
+            key[len("model.") :]: torch.empty(tuple(value.size), device="meta")
+            for key, value in entries.items()
+            if key.startswith("model.")
+        }
         state_checks.check_model_state(model, shapes, str(directory))
     if optimizer is None or not any(key.startswith("optimizer.") for key in entries):
         return
     names = {name for name, _ in model.named_parameters()}
-    saved = {key[len("optimizer.state."):].rsplit(".", 1)[0] for key in entries if key.startswith("optimizer.state.")}
+    saved = {
+        key[len("optimizer.state.") :].rsplit(".", 1)[0]
+        for key in entries
+        if key.startswith("optimizer.state.")
+    }
     groups = {key.split(".")[2] for key in entries if key.startswith("optimizer.param_groups.")}
     unknown = sorted(saved - names)
     if unknown or len(groups) != len(optimizer.param_groups):
         raise state_checks.StateMismatchError(
             f"{directory} does not fit this optimizer: it holds {len(groups)} parameter group(s), the optimizer has "
-            f"{len(optimizer.param_groups)}" + (f"; state for parameters the model does not have: {', '.join(unknown[:5])}" if unknown else "")
+            f"{len(optimizer.param_groups)}"
+            + (f"; state for parameters the model does not have: {', '.join(unknown[:5])}" if unknown else "")
             + ". Was it saved with another model or optimizer?"
         )

@@ -19,7 +19,14 @@ from torch import nn
 
 from . import files, finite, reshard, state_dirs
 
-TRAINER_STATE_KEYS = ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed")
+TRAINER_STATE_KEYS = (
+    "progress",
+    "run_history",
+    "callbacks",
+    "checkpoint_kwargs",
+    "loss_weight_unit",
+    "shuffle_seed",
+)
 PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
 PROCESS_STATE_KEYS = ("rng", "train_loss")
 RNG_KEYS = ("python", "torch")
@@ -65,7 +72,9 @@ def read_training_state(
     """
     manifest = state_dirs.read_manifest(directory)
     if manifest is None:
-        raise UnusableStateError(f"{directory} is not a complete training state (its manifest is missing or unreadable).")
+        raise UnusableStateError(
+            f"{directory} is not a complete training state (its manifest is missing or unreadable)."
+        )
     if manifest.get("finite") is False:
         raise UnusableStateError(f"{directory} holds NaN or infinite weights (so its manifest records).")
     listed = set(manifest.get("files", ()))
@@ -75,18 +84,26 @@ def read_training_state(
         check_model_state(model, model_state, str(directory))
         if not finite.state_is_finite(model_state):
             raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
-    objects = {name: _read(directory, name) for name, target in targets.items() if name in listed and target is not None}
+    objects = {
+        name: _read(directory, name)
+        for name, target in targets.items()
+        if name in listed and target is not None
+    }
     for name, state in objects.items():
         check_object_state(targets[name], state, str(directory / name))
     trainer_state = _read(directory, "trainer_state.pt")
     require_keys(trainer_state, TRAINER_STATE_KEYS, directory / "trainer_state.pt")
     require_keys(trainer_state["progress"], PROGRESS_KEYS, directory / "trainer_state.pt", "progress")
-    require_keys(trainer_state["run_history"], ("current_epoch",), directory / "trainer_state.pt", "run_history")
+    require_keys(
+        trainer_state["run_history"], ("current_epoch",), directory / "trainer_state.pt", "run_history"
+    )
     process_state = _read_process_state(directory, manifest, rank, num_processes)
     return LoadedState(directory, manifest, model_state, objects, trainer_state, process_state)
 
 
-def _read_process_state(directory: Path, manifest: dict[str, Any], rank: int, num_processes: int | None) -> dict[str, Any]:
+def _read_process_state(
+    directory: Path, manifest: dict[str, Any], rank: int, num_processes: int | None
+) -> dict[str, Any]:
     """Process ``rank``'s own state: its ``rng_state_<rank>.pt`` or, saved by another number of
     processes, the saved ones mapped onto ``num_processes`` (see :func:`.reshard.remap_process_states`)."""
     saved_processes = manifest.get("num_processes")
@@ -114,10 +131,14 @@ def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: st
     """Raise :class:`UnusableStateError` unless ``value`` is a dict holding every key of ``keys``."""
     where = f"{source}" + (f" (its {part!r})" if part else "")
     if not isinstance(value, Mapping):
-        raise UnusableStateError(f"{where} holds a {type(value).__name__} where a dict with {list(keys)} belongs: it was not written by this library.")
+        raise UnusableStateError(
+            f"{where} holds a {type(value).__name__} where a dict with {list(keys)} belongs: it was not written by this library."
+        )
     missing = [key for key in keys if key not in value]
     if missing:
-        raise UnusableStateError(f"{where} lacks {missing}: it was not written by this version of the library, or was changed.")
+        raise UnusableStateError(
+            f"{where} lacks {missing}: it was not written by this version of the library, or was changed."
+        )
 
 
 COMPILE_PREFIX = "_orig_mod."
@@ -177,12 +198,16 @@ def check_object_state(target: Any, state: Any, source: str) -> None:
     """Raise unless ``state`` could be loaded into ``target`` (an optimizer: the same parameter
     groups with the same numbers of parameters; anything else: a dict)."""
     if not isinstance(state, Mapping):
-        raise UnusableStateError(f"{source} holds a {type(state).__name__}, not the state dict of a {type(target).__name__}.")
+        raise UnusableStateError(
+            f"{source} holds a {type(state).__name__}, not the state dict of a {type(target).__name__}."
+        )
     groups = getattr(target, "param_groups", None)
     if groups is None:
         return
     if not isinstance(state.get("param_groups"), list) or "state" not in state:
-        raise UnusableStateError(f"{source} is not an optimizer state (it has no 'state' and 'param_groups').")
+        raise UnusableStateError(
+            f"{source} is not an optimizer state (it has no 'state' and 'param_groups')."
+        )
     saved = [len(group.get("params", ())) for group in state["param_groups"]]
     now = [len(group["params"]) for group in groups]
     if saved != now:

@@ -174,16 +174,26 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
             f"does not say complete): the save that wrote it was interrupted. Resume from an earlier "
             f"state, or from the parent folder to pick the newest complete one."
         )
-    candidates = [(read_manifest(child), child) for child in path.iterdir() if child.is_dir() and not child.name.startswith(".")]
-    complete = [(manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest]
+    candidates = [
+        (read_manifest(child), child)
+        for child in path.iterdir()
+        if child.is_dir() and not child.name.startswith(".")
+    ]
+    complete = [
+        (manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest
+    ]
     if not complete:
         found = sorted(child.name for child in path.iterdir())
         original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
         raise ValueError(
             f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
             f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
-            + (f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
-               f"explicitly, e.g. {str(path / original[-1])!r}." if original else ".")
+            + (
+                f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
+                f"explicitly, e.g. {str(path / original[-1])!r}."
+                if original
+                else "."
+            )
         )
     return [child for _, _, child in sorted(complete, reverse=True)], False
 
@@ -225,7 +235,9 @@ def to_host(value: Any, buffers: dict[tuple[int, str, int], Any] | None = None) 
     return copied
 
 
-def _to_host(value: Any, storages: dict[tuple[int, str, int], Any], buffers: dict[tuple[int, str, int], Any]) -> Any:
+def _to_host(
+    value: Any, storages: dict[tuple[int, str, int], Any], buffers: dict[tuple[int, str, int], Any]
+) -> Any:
     if isinstance(value, torch.Tensor):
         return _copy_tensor(value.detach(), storages, buffers)
     if isinstance(value, OrderedDict):
@@ -241,7 +253,9 @@ def _to_host(value: Any, storages: dict[tuple[int, str, int], Any], buffers: dic
     return value
 
 
-def _copy_tensor(tensor: torch.Tensor, storages: dict[tuple[int, str, int], Any], buffers: dict[tuple[int, str, int], Any]) -> torch.Tensor:
+def _copy_tensor(
+    tensor: torch.Tensor, storages: dict[tuple[int, str, int], Any], buffers: dict[tuple[int, str, int], Any]
+) -> torch.Tensor:
     if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:  # sparse, subclasses: copied alone
         return tensor.to("cpu", copy=True)
     storage = tensor.untyped_storage()
@@ -271,8 +285,15 @@ class BackgroundStateWrite:
     looks complete. :meth:`wait` returns the error of the write, if any; the thread never raises.
     """
 
-    def __init__(self, output_dir: Path, contents: dict[str, Any], rank: int, num_processes: int,
-                 manifest: dict[str, Any] | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        contents: dict[str, Any],
+        rank: int,
+        num_processes: int,
+        manifest: dict[str, Any] | None,
+        timeout_s: float,
+    ) -> None:
         self.output_dir, self.temporary = output_dir, temporary_dir_for(output_dir)
         self.error: BaseException | None = None
         self._contents, self._rank, self._manifest = contents, rank, manifest
@@ -306,13 +327,19 @@ class BackgroundStateWrite:
             for rank in sorted(waiting):
                 failed = self.temporary / f".failed_{rank}"
                 if failed.exists():
-                    raise CheckpointWriteError(None, f"process {rank} could not write its files ({failed.read_text()})", self.output_dir)
+                    raise CheckpointWriteError(
+                        None,
+                        f"process {rank} could not write its files ({failed.read_text()})",
+                        self.output_dir,
+                    )
                 if (self.temporary / f".done_{rank}").exists():
                     waiting.discard(rank)
             if waiting and time.monotonic() > self._deadline:
                 raise CheckpointWriteError(
-                    None, f"process {', '.join(map(str, sorted(waiting)))} did not finish writing its files "
-                    f"within {self._timeout_s:g} s (did it stop?), so the state was not published", self.output_dir
+                    None,
+                    f"process {', '.join(map(str, sorted(waiting)))} did not finish writing its files "
+                    f"within {self._timeout_s:g} s (did it stop?), so the state was not published",
+                    self.output_dir,
                 )
             time.sleep(0.01)
         for rank in self._others:
@@ -346,8 +373,11 @@ def _report_unfinished_writes() -> None:
     for job in list(_RUNNING):
         error = job.wait()
         if error is not None:
-            print(f"pytorch_accelerated: the training state {job.output_dir}, written in the background, "
-                  f"could not be saved: {error}", file=sys.stderr)
+            print(
+                f"pytorch_accelerated: the training state {job.output_dir}, written in the background, "
+                f"could not be saved: {error}",
+                file=sys.stderr,
+            )
 
 
 # ---------------------------------------------------------------------------- RNG states

@@ -123,11 +123,15 @@ class CosineLrScheduler(StatefulSchedulerBase):
         return [self._value(num_updates, lr_max) for lr_max in self.base_lr_values]
 
     total_iterations = property(lambda self: self.total_steps, doc="``total_steps`` (0.1.61's name).")
-    warmup_iterations = property(lambda self: self.num_warmup_steps, doc="``num_warmup_steps`` (0.1.61's name).")
+    warmup_iterations = property(
+        lambda self: self.num_warmup_steps, doc="``num_warmup_steps`` (0.1.61's name)."
+    )
     num_cooldown_iterations = property(
         lambda self: self.num_cooldown_steps, doc="``num_cooldown_steps`` (0.1.61's name)."
     )
-    warmup_lr_init = property(lambda self: self.warmup_starting_lr, doc="``warmup_starting_lr`` (0.1.61's name).")
+    warmup_lr_init = property(
+        lambda self: self.warmup_starting_lr, doc="``warmup_starting_lr`` (0.1.61's name)."
+    )
     warmup_lr_ratio = property(
         lambda self: self.warmup_starting_lr_ratio, doc="``warmup_starting_lr_ratio`` (0.1.61's name)."
     )
@@ -153,7 +157,9 @@ class CosineLrScheduler(StatefulSchedulerBase):
         state = {_ORIGINAL_NAMES.get(key, key): value for key, value in state_dict.items()}
         counter = int(state.pop("num_updates", -1)) + 1
         state.setdefault("_num_updates", counter)
-        state["num_decay_steps"] = state["total_steps"] - state["num_warmup_steps"] - state["num_cooldown_steps"]
+        state["num_decay_steps"] = (
+            state["total_steps"] - state["num_warmup_steps"] - state["num_cooldown_steps"]
+        )
         super().load_state_dict(state)
 
     def _value(self, t: int, lr_max: float) -> float:

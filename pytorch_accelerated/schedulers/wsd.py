@@ -14,7 +14,13 @@ from ..placeholders import TrainerPlaceholderValues, is_placeholder
 from .base import SchedulerBase, StatefulSchedulerBase, check_int, check_non_negative, warn_configuration_only
 
 # Attributes computed from the settings: recomputed, never taken from a loaded state.
-_DERIVED = ("checkpoint_steps", "checkpoint_decay_info", "previous_checkpoint_step", "num_updates", "_num_updates")
+_DERIVED = (
+    "checkpoint_steps",
+    "checkpoint_decay_info",
+    "previous_checkpoint_step",
+    "num_updates",
+    "_num_updates",
+)
 # Private attributes of earlier versions of this class, dropped from a loaded state.
 _STALE = ("_checkpoint_steps", "_decay_start_steps", "_warmup_end")
 # What a continuation schedule keeps of its own when it loads a saved state: its length and flag.
@@ -235,7 +241,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
         continuation = self.is_continuation_from_checkpoint
         state = {key: value for key, value in state_dict.items() if key not in (*_STALE, *_DERIVED)}
         if continuation:
-            state.update({key: getattr(self, key) for key in (*_OWN_LENGTH, "is_continuation_from_checkpoint")})
+            state.update(
+                {key: getattr(self, key) for key in (*_OWN_LENGTH, "is_continuation_from_checkpoint")}
+            )
         SchedulerBase.load_state_dict(self, state)  # the settings only: the counter is handled here
         self._set_up_periods()
         if "_num_updates" in state_dict and not continuation:
@@ -325,7 +333,12 @@ def _decay_info(checkpoint_steps: list[int], ratio: float) -> list[dict[str, int
     for start, end in zip([0, *checkpoint_steps], checkpoint_steps, strict=False):
         decay_steps = max(1, int(ratio * (end - start)))
         periods.append(
-            {"period_start": start, "period_end": end, "decay_steps": decay_steps, "pre_decay_step": end - decay_steps}
+            {
+                "period_start": start,
+                "period_end": end,
+                "decay_steps": decay_steps,
+                "pre_decay_step": end - decay_steps,
+            }
         )
     return periods
 
@@ -340,7 +353,9 @@ def _decayed(peak: float, ratio: float, progress: float, use_inverse_sqrt_decay:
     return peak / (progress / ratio + 1 - progress)
 
 
-def _run_length(total_num_epochs: Any, steps_per_epoch: Any, num_epochs: Any, total_steps: Any) -> dict[str, Any]:
+def _run_length(
+    total_num_epochs: Any, steps_per_epoch: Any, num_epochs: Any, total_steps: Any
+) -> dict[str, Any]:
     """The run-length keywords of the scheduler, from both versions' names; ValueError on a clash."""
     epochs_given = total_num_epochs is not TrainerPlaceholderValues.NUM_EPOCHS
     if num_epochs is not None and epochs_given:

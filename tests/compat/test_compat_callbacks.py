@@ -38,7 +38,9 @@ EVAL_DATA = make_regression_data(8, seed=5)
 
 def make_trainer(callbacks: tuple = (), trainer_class: type[Trainer] = Trainer, seed: int = 0) -> Trainer:
     model = make_linear_model(seed=seed)
-    return trainer_class(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks)
+    return trainer_class(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks
+    )
 
 
 # ---------------------------------------------------------------- custom events and the handler
@@ -85,7 +87,10 @@ def test_a_misspelt_hook_is_still_rejected_with_a_suggestion() -> None:
         def on_train_step_ned(self, trainer: Any, **kwargs: Any) -> None:
             pass
 
-    with pytest.raises(ValueError, match=r"Misspelt.on_train_step_ned is not a Trainer event.*Did you mean 'on_train_step_end'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"Misspelt.on_train_step_ned is not a Trainer event.*Did you mean 'on_train_step_end'\?",
+    ):
         CallbackHandler([Misspelt()])
 
 
@@ -110,7 +115,10 @@ def test_hooks_written_with_the_originals_signatures_receive_their_arguments() -
     trainer = make_trainer((OriginalStyle(),))
     trainer.train(make_regression_data(8), num_epochs=1, eval_dataset=EVAL_DATA, per_device_batch_size=4)
     assert seen == [("train", 0), ("train", 1), ("eval", 4), ("eval", 4)]
-    for hook, names in (("on_train_step_end", ("batch", "batch_output", "step")), ("on_eval_step_end", ("batch", "batch_output"))):
+    for hook, names in (
+        ("on_train_step_end", ("batch", "batch_output", "step")),
+        ("on_eval_step_end", ("batch", "batch_output")),
+    ):
         parameters = inspect.signature(getattr(TrainerCallback, hook)).parameters
         assert all(parameters[name].default is None for name in names), hook
 
@@ -155,7 +163,9 @@ def test_progress_bar_has_pbar_and_eval_pbar() -> None:
             bars.append((self.bar.pbar is None, self.bar.eval_pbar is self.bar.eval_bar is not None))
 
     bar = ProgressBarCallback()
-    make_trainer((bar, ReadBars(bar))).train(make_regression_data(4), num_epochs=1, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    make_trainer((bar, ReadBars(bar))).train(
+        make_regression_data(4), num_epochs=1, eval_dataset=EVAL_DATA, per_device_batch_size=4
+    )
     assert bars == [(True, True), (True, True), (True, True)]
 
 
@@ -177,7 +187,9 @@ def test_terminate_on_nan_also_stops_on_a_non_finite_evaluation_loss_without_exi
 
     callback = TerminateOnNaNCallback()
     trainer = make_trainer((callback,), trainer_class=NanEvalTrainer)
-    trainer.train(make_regression_data(8), num_epochs=3, eval_dataset=EVAL_DATA, per_device_batch_size=4)  # returns
+    trainer.train(
+        make_regression_data(8), num_epochs=3, eval_dataset=EVAL_DATA, per_device_batch_size=4
+    )  # returns
     assert callback.triggered
     assert trainer.progress.global_step == 2  # stopped after the first epoch's evaluation
 
@@ -196,11 +208,16 @@ class CountEval(TrainerCallback):
         trainer.run_history.update_metric("evals_seen", float(self.calls))
 
 
-def test_model_ema_callback_has_the_originals_attributes_and_only_its_callbacks_see_the_ema_evaluation(tmp_path: Path) -> None:
+def test_model_ema_callback_has_the_originals_attributes_and_only_its_callbacks_see_the_ema_evaluation(
+    tmp_path: Path,
+) -> None:
     metric = CountEval()
     ema = ModelEmaCallback(decay=0.5, save_path=tmp_path / "ema.pt", callbacks=(metric,))
     assert ema.model_ema_cls is ModelEma and ema.save_optimizer is False and ema.save_scheduler is False
-    assert isinstance(ema.callback_handler, CallbackHandler) and ema.callback_handler.callbacks == [metric] == ema.callbacks
+    assert (
+        isinstance(ema.callback_handler, CallbackHandler)
+        and ema.callback_handler.callbacks == [metric] == ema.callbacks
+    )
     assert ema.operator is op.lt
     # The same metric callback passed to the Trainer and to the EMA callback (the original's
     # pattern) records once per evaluation: 2 epochs, each a model and an EMA evaluation.
@@ -216,13 +233,21 @@ def test_model_ema_callback_has_the_originals_attributes_and_only_its_callbacks_
 # ---------------------------------------------------------------- SaveTrainingStateCallback
 
 
-def test_training_states_are_named_step_n_epoch_e_and_final_with_the_global_step_kwarg(tmp_path: Path) -> None:
+def test_training_states_are_named_step_n_epoch_e_and_final_with_the_global_step_kwarg(
+    tmp_path: Path,
+) -> None:
     # 20 batches per epoch, accumulation 2: 10 updates per epoch; N counts updates. Saves every
     # 5 updates and every epoch: step_10 and epoch_1 fall on the same update, and both exist.
-    saver = SaveTrainingStateCallback(tmp_path, save_every_n_epochs=1, save_every_n_steps=5, handle_signals=())
+    saver = SaveTrainingStateCallback(
+        tmp_path, save_every_n_epochs=1, save_every_n_steps=5, handle_signals=()
+    )
     trainer = make_trainer((saver,))
     trainer.train(
-        make_regression_data(40), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=2, gradient_accumulation_steps=2
+        make_regression_data(40),
+        num_epochs=2,
+        eval_dataset=EVAL_DATA,
+        per_device_batch_size=2,
+        gradient_accumulation_steps=2,
     )
     saved = [(step, path.name) for step, path in list_complete_states(tmp_path)]
     assert saved == [(5, "step_5"), (10, "epoch_1"), (10, "step_10"), (15, "step_15"),
@@ -239,7 +264,9 @@ def test_training_states_are_named_step_n_epoch_e_and_final_with_the_global_step
 
 
 def test_max_checkpoints_deletes_in_save_order(tmp_path: Path) -> None:
-    saver = SaveTrainingStateCallback(tmp_path, save_every_n_epochs=1, save_every_n_steps=2, max_checkpoints=3, handle_signals=())
+    saver = SaveTrainingStateCallback(
+        tmp_path, save_every_n_epochs=1, save_every_n_steps=2, max_checkpoints=3, handle_signals=()
+    )
     make_trainer((saver,)).train(make_regression_data(16), num_epochs=2, per_device_batch_size=4)
     # Saved: step_2, step_4, epoch_1, step_6, step_8, epoch_2, final: the last three are kept.
     assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch_2", "final", "step_8"]
@@ -255,7 +282,9 @@ def wsd_run(
     trainer = make_trainer((callback, *extra))
     scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3, **scheduler_kwargs)
     # 100 samples, batch 4: 25 updates per epoch, 4 epochs: 100 updates.
-    trainer.train(make_regression_data(100), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn)
+    trainer.train(
+        make_regression_data(100), num_epochs=4, per_device_batch_size=4, create_scheduler_fn=scheduler_fn
+    )
     return trainer, callback
 
 
@@ -263,7 +292,8 @@ def test_wsd_checkpoints_follow_the_worked_example(tmp_path: Path) -> None:
     # COMPAT §3: 100 updates, 3 checkpoints, ratio 0.1: pre-decay at 23, 48, 95; post-decay at 25, 50, 100.
     _, callback = wsd_run(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
-        [f"checkpoint_{s}_wsd_pre_decay" for s in (23, 48, 95)] + [f"checkpoint_{s}_wsd_post_decay.pt" for s in (25, 50, 100)]
+        [f"checkpoint_{s}_wsd_pre_decay" for s in (23, 48, 95)]
+        + [f"checkpoint_{s}_wsd_post_decay.pt" for s in (25, 50, 100)]
     )
     assert callback.checkpoint_steps == {25, 50, 100} and callback.decay_fraction == 0.1
     assert [info["pre_decay_step"] for info in callback.decay_info] == [23, 48, 95]
@@ -293,7 +323,9 @@ def test_a_missing_final_post_decay_checkpoint_is_written_at_the_end_of_the_run(
 
 
 @pytest.mark.parametrize("initial", ["checkpoint_48_wsd_pre_decay", "checkpoint_50_wsd_post_decay.pt"])
-def test_initial_checkpoint_is_a_pre_decay_directory_or_a_post_decay_file(tmp_path: Path, initial: str) -> None:
+def test_initial_checkpoint_is_a_pre_decay_directory_or_a_post_decay_file(
+    tmp_path: Path, initial: str
+) -> None:
     wsd_run(tmp_path / "first")
     seen: dict[str, Any] = {}
 
@@ -305,7 +337,9 @@ def test_initial_checkpoint_is_a_pre_decay_directory_or_a_post_decay_file(tmp_pa
     callback = WSDCheckpointCallback(tmp_path / "second", initial_checkpoint=tmp_path / "first" / initial)
     trainer = make_trainer((callback, Capture()), seed=3)
     scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=3, is_continuation_from_checkpoint=True)
-    trainer.train(make_regression_data(20), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=scheduler_fn)
+    trainer.train(
+        make_regression_data(20), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=scheduler_fn
+    )
     assert seen["position"] == 0 and seen["updates"] == 0  # a fresh run, a fresh continuation schedule
     expected = (
         safe_torch_load(tmp_path / "first" / initial / "model.pt")
@@ -357,10 +391,20 @@ class CheckpointsOnly:
         pass
 
 
-def test_wsd_callback_accepts_any_scheduler_with_get_checkpoint_steps_and_rejects_others(tmp_path: Path) -> None:
+def test_wsd_callback_accepts_any_scheduler_with_get_checkpoint_steps_and_rejects_others(
+    tmp_path: Path,
+) -> None:
     callback = WSDCheckpointCallback(tmp_path)
-    make_trainer((callback,)).train(make_regression_data(16), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=CheckpointsOnly)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint_2_wsd_post_decay.pt", "checkpoint_4_wsd_post_decay.pt"]
+    make_trainer((callback,)).train(
+        make_regression_data(16), num_epochs=1, per_device_batch_size=4, create_scheduler_fn=CheckpointsOnly
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "checkpoint_2_wsd_post_decay.pt",
+        "checkpoint_4_wsd_post_decay.pt",
+    ]
     trainer = make_trainer((WSDCheckpointCallback(tmp_path / "other"),))
-    with pytest.raises(ValueError, match=r"needs a scheduler with get_checkpoint_steps\(\).*this run has no scheduler \(None\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs a scheduler with get_checkpoint_steps\(\).*this run has no scheduler \(None\)",
+    ):
         trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)

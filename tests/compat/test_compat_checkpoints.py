@@ -26,7 +26,9 @@ from pytorch_accelerated.schedulers.cosine_scheduler import CosineLrScheduler
 DATA = make_regression_data(16)  # 4 batches of 4: 4 updates per epoch
 
 
-def make_trainer(model: nn.Module | None = None, optimizer: bool = True, callbacks: tuple[Any, ...] = ()) -> Trainer:
+def make_trainer(
+    model: nn.Module | None = None, optimizer: bool = True, callbacks: tuple[Any, ...] = ()
+) -> Trainer:
     model = make_linear_model(seed=1) if model is None else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer else None
     return Trainer(model, nn.MSELoss(), opt, callbacks=callbacks)
@@ -38,13 +40,21 @@ def cosine(optimizer: torch.optim.Optimizer) -> CosineLrScheduler:
 
 def trained(num_epochs: int = 1, scheduler: bool = True) -> Trainer:
     trainer = make_trainer(make_linear_model(seed=0))
-    trainer.train(DATA, num_epochs=num_epochs, per_device_batch_size=4, create_scheduler_fn=cosine if scheduler else None)
+    trainer.train(
+        DATA,
+        num_epochs=num_epochs,
+        per_device_batch_size=4,
+        create_scheduler_fn=cosine if scheduler else None,
+    )
     return trainer
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
     plain_a, plain_b = getattr(a, "_orig_mod", a), getattr(b, "_orig_mod", b)
-    return all(torch.equal(x, y) for x, y in zip(plain_a.state_dict().values(), plain_b.state_dict().values(), strict=True))
+    return all(
+        torch.equal(x, y)
+        for x, y in zip(plain_a.state_dict().values(), plain_b.state_dict().values(), strict=True)
+    )
 
 
 # ---------------------------------------------------------------------------- §2 load_checkpoint
@@ -54,7 +64,13 @@ def test_load_checkpoint_returns_the_whole_dict_as_the_original(tmp_path: Path) 
     source = trained()
     source.save_checkpoint(tmp_path / "c.pt", checkpoint_kwargs={"epoch": 1, "best": 0.5})
     loaded = make_trainer().load_checkpoint(tmp_path / "c.pt")
-    assert set(loaded) == {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "epoch", "best"}
+    assert set(loaded) == {
+        "model_state_dict",
+        "optimizer_state_dict",
+        "scheduler_state_dict",
+        "epoch",
+        "best",
+    }
     assert (loaded["epoch"], loaded["best"]) == (1, 0.5)
     assert torch.equal(loaded["model_state_dict"]["weight"], source.get_model().weight)
 
@@ -79,10 +95,15 @@ def test_evaluation_only_trainer_loads_a_full_checkpoint_and_evaluates(tmp_path:
 
 def test_a_bad_optimizer_state_changes_nothing_and_says_why(tmp_path: Path) -> None:
     source = trained()
-    state = {"model_state_dict": source.get_model().state_dict(), "optimizer_state_dict": {"state": {}, "param_groups": [{"params": [0]}]}}
+    state = {
+        "model_state_dict": source.get_model().state_dict(),
+        "optimizer_state_dict": {"state": {}, "param_groups": [{"params": [0]}]},
+    }
     torch.save(state, tmp_path / "bad.pt")
     trainer = make_trainer()
-    with pytest.raises(RuntimeError, match=r"does not fit this optimizer: it holds 1 parameter group\(s\) of \[1\]"):
+    with pytest.raises(
+        RuntimeError, match=r"does not fit this optimizer: it holds 1 parameter group\(s\) of \[1\]"
+    ):
         trainer.load_checkpoint(tmp_path / "bad.pt")
     assert not same_weights(trainer.get_model(), source.get_model())
 
@@ -124,8 +145,12 @@ def test_train_resume_from_calls_the_overridden_method_and_keeps_the_exact_posit
     first = make_trainer(make_linear_model(seed=0), callbacks=(SaveAtUpdate(tmp_path / "mid", 6),))
     first.train(DATA, num_epochs=3, per_device_batch_size=4, create_scheduler_fn=cosine)
     model = make_linear_model(seed=1)
-    resumed = OverridingTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), callbacks=())
-    resumed.train(DATA, num_epochs=3, per_device_batch_size=4, create_scheduler_fn=cosine, resume_from=tmp_path / "mid")
+    resumed = OverridingTrainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), callbacks=()
+    )
+    resumed.train(
+        DATA, num_epochs=3, per_device_batch_size=4, create_scheduler_fn=cosine, resume_from=tmp_path / "mid"
+    )
     assert resumed.loaded == [{"current_epoch": 2, "global_step": 6}]
     assert resumed.progress.global_step == 12  # 6 restored + 6 more: not a re-run of epoch 2
     assert same_weights(resumed.get_model(), first.get_model())
@@ -148,7 +173,9 @@ def test_checkpoint_of_a_compiled_model_loads_into_the_plain_model_and_back(tmp_
     plain.load_checkpoint(tmp_path / "compiled.pt")
     assert same_weights(plain.get_model(), compiled.get_model())
 
-    torch.save({"model_state_dict": compiled.get_model().state_dict()}, tmp_path / "old.pt")  # "_orig_mod." keys
+    torch.save(
+        {"model_state_dict": compiled.get_model().state_dict()}, tmp_path / "old.pt"
+    )  # "_orig_mod." keys
     other = make_trainer()
     other.load_checkpoint(tmp_path / "old.pt")
     assert same_weights(other.get_model(), compiled.get_model())
@@ -185,7 +212,9 @@ class Stale:
         pass
 
 
-def write_original_state(directory: Path, current_epoch: int, safe_serialization: bool = True) -> dict[str, Any]:
+def write_original_state(
+    directory: Path, current_epoch: int, safe_serialization: bool = True
+) -> dict[str, Any]:
     """A state as 0.1.61 writes it: accelerate's save_state + trainer_metadata.pt. Returns what
     was saved, and the RNG draws that come right after the save."""
     from accelerate import Accelerator
@@ -210,30 +239,52 @@ def write_original_state(directory: Path, current_epoch: int, safe_serialization
 @pytest.mark.parametrize("safe_serialization", [True, False], ids=["model.safetensors", "pytorch_model.bin"])
 def test_load_training_state_restores_an_original_directory(tmp_path: Path, safe_serialization: bool) -> None:
     saved = write_original_state(tmp_path / "epoch_2", 2, safe_serialization)
-    assert {"optimizer.bin", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl", "random_states_0.pkl"} <= {p.name for p in (tmp_path / "epoch_2").iterdir()}
+    assert {"optimizer.bin", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl", "random_states_0.pkl"} <= {
+        p.name for p in (tmp_path / "epoch_2").iterdir()
+    }
     trainer = make_trainer()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert trainer.load_training_state(tmp_path / "epoch_2") == {"current_epoch": 2, "note": "kept"}
     messages = [str(w.message) for w in caught]
-    assert any("written by pytorch-accelerated 0.1.x" in m and "start of epoch 2" in m for m in messages), messages
+    assert any("written by pytorch-accelerated 0.1.x" in m and "start of epoch 2" in m for m in messages), (
+        messages
+    )
     assert not any("RNGs are not restored" in m for m in messages), messages
     assert same_weights(trainer.get_model(), saved["model"])
-    assert torch.equal(trainer.optimizer.state_dict()["state"][0]["momentum_buffer"], saved["optimizer"]["state"][0]["momentum_buffer"])
+    assert torch.equal(
+        trainer.optimizer.state_dict()["state"][0]["momentum_buffer"],
+        saved["optimizer"]["state"][0]["momentum_buffer"],
+    )
     draws = (torch.rand(3), np.random.rand(3), random.random())  # the RNGs are back where they were saved
-    assert torch.equal(draws[0], saved["draws"][0]) and np.array_equal(draws[1], saved["draws"][1]) and draws[2] == saved["draws"][2]
+    assert (
+        torch.equal(draws[0], saved["draws"][0])
+        and np.array_equal(draws[1], saved["draws"][1])
+        and draws[2] == saved["draws"][2]
+    )
 
 
 def test_resume_from_an_original_directory_starts_at_the_start_of_its_epoch(tmp_path: Path) -> None:
     write_original_state(tmp_path / "epoch_2", 2)
     trainer = make_trainer()
-    with pytest.warns(UserWarning, match=r"continues at the start of epoch 2, after 4 updates; the scheduler's counter is set to 4"):
-        trainer.train(DATA, num_epochs=3, per_device_batch_size=4, create_scheduler_fn=cosine, resume_from=tmp_path / "epoch_2")
+    with pytest.warns(
+        UserWarning,
+        match=r"continues at the start of epoch 2, after 4 updates; the scheduler's counter is set to 4",
+    ):
+        trainer.train(
+            DATA,
+            num_epochs=3,
+            per_device_batch_size=4,
+            create_scheduler_fn=cosine,
+            resume_from=tmp_path / "epoch_2",
+        )
     assert trainer.progress.global_step == 12 and trainer.scheduler.num_updates == 12
     assert trainer.run_history.current_epoch == trained(3).run_history.current_epoch
 
 
-def test_resume_from_an_original_final_directory_has_nothing_left_to_train(tmp_path: Path, capsys: Any) -> None:
+def test_resume_from_an_original_final_directory_has_nothing_left_to_train(
+    tmp_path: Path, capsys: Any
+) -> None:
     write_original_state(tmp_path / "final", 4)  # final/: num_epochs + 1
     trainer = make_trainer()
     with warnings.catch_warnings(record=True) as caught:
@@ -249,11 +300,17 @@ def test_an_original_fsdp_sharded_directory_is_refused_clearly(tmp_path: Path) -
     directory = tmp_path / "epoch_1"
     (directory / "pytorch_model_fsdp_0").mkdir(parents=True)
     torch.save({"current_epoch": 1}, directory / "trainer_metadata.pt")
-    with pytest.raises(ValueError, match=r"sharded \(FSDP\) training state of pytorch-accelerated 0.1.x \(pytorch_model_fsdp_0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"sharded \(FSDP\) training state of pytorch-accelerated 0.1.x \(pytorch_model_fsdp_0\)",
+    ):
         make_trainer().load_training_state(directory)
 
 
 def test_a_folder_of_original_directories_asks_for_one_by_name(tmp_path: Path) -> None:
     write_original_state(tmp_path / "epoch_1", 1)
-    with pytest.raises(ValueError, match=r"name one of the states written by pytorch-accelerated 0.1.x \(epoch_1\) explicitly"):
+    with pytest.raises(
+        ValueError,
+        match=r"name one of the states written by pytorch-accelerated 0.1.x \(epoch_1\) explicitly",
+    ):
         make_trainer().load_training_state(tmp_path)

@@ -42,7 +42,9 @@ def values_at(scheduler: Any, *steps: int) -> list[float]:
 
 # The run config a Trainer would give these placeholders (P = 2: the counts are per update).
 STAND_IN_TRAINER = SimpleNamespace(
-    run_config=SimpleNamespace(num_epochs=4, num_update_steps_per_epoch=25, num_local_update_steps_per_epoch=25)
+    run_config=SimpleNamespace(
+        num_epochs=4, num_update_steps_per_epoch=25, num_local_update_steps_per_epoch=25
+    )
 )
 
 
@@ -57,10 +59,22 @@ def test_the_original_module_paths_export_the_same_classes() -> None:
 
 @pytest.mark.parametrize(
     ("num_checkpoints", "expected"),
-    [(None, [250, 500, 1000]), (1, [1000]), (2, [250, 1000]), (3, [250, 500, 1000]), (4, [250, 397, 630, 1000])],
+    [
+        (None, [250, 500, 1000]),
+        (1, [1000]),
+        (2, [250, 1000]),
+        (3, [250, 500, 1000]),
+        (4, [250, 397, 630, 1000]),
+    ],
 )
-def test_estimate_checkpoint_steps_returns_the_layout_of_the_scheduler(num_checkpoints: Any, expected: list[int]) -> None:
-    steps = estimate_checkpoint_steps(1000) if num_checkpoints is None else estimate_checkpoint_steps(1000, num_checkpoints)
+def test_estimate_checkpoint_steps_returns_the_layout_of_the_scheduler(
+    num_checkpoints: Any, expected: list[int]
+) -> None:
+    steps = (
+        estimate_checkpoint_steps(1000)
+        if num_checkpoints is None
+        else estimate_checkpoint_steps(1000, num_checkpoints)
+    )
     assert steps == expected
     scheduler = WSDLrScheduler(optimizer_with(0.1), total_steps=1000, num_checkpoints=num_checkpoints or 3)
     assert scheduler.checkpoint_steps == expected
@@ -76,8 +90,11 @@ def test_estimate_checkpoint_steps_rejects_too_many_checkpoints() -> None:
 
 def test_placeholder_set_returns_the_member_names() -> None:
     assert TrainerPlaceholderValues.placeholder_set() == {
-        "NUM_EPOCHS", "NUM_UPDATE_STEPS_PER_EPOCH", "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH",
-        "TRAIN_DATALOADER_LEN", "EVAL_DATALOADER_LEN",
+        "NUM_EPOCHS",
+        "NUM_UPDATE_STEPS_PER_EPOCH",
+        "PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH",
+        "TRAIN_DATALOADER_LEN",
+        "EVAL_DATALOADER_LEN",
     }
 
 
@@ -90,9 +107,15 @@ def test_placeholder_expressions_keep_the_name_and_resolve_without_eval() -> Non
     assert epochs.value == "num_epochs"  # KEEP OURS: a plain name, never an eval-ed string
 
 
-@pytest.mark.parametrize("subtract", [
-    lambda p: p - 1, lambda p: 1 - p, lambda p: p * 2 - 1, lambda p: 1 - (p + 1),
-])
+@pytest.mark.parametrize(
+    "subtract",
+    [
+        lambda p: p - 1,
+        lambda p: 1 - p,
+        lambda p: p * 2 - 1,
+        lambda p: 1 - (p + 1),
+    ],
+)
 def test_subtracting_from_a_placeholder_raises_not_implemented_error(subtract: Any) -> None:
     with pytest.raises(NotImplementedError, match=r"only `\* k` and `\+ k`.*not `-`"):
         subtract(TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH)
@@ -103,8 +126,12 @@ def test_subtracting_from_a_placeholder_raises_not_implemented_error(subtract: A
 
 def test_update_k_uses_value_k_minus_1_from_the_first_update() -> None:
     scheduler = CosineLrScheduler(
-        optimizer_with(0.1), total_num_epochs=4, num_update_steps_per_epoch=5, lr_min=0.0,
-        num_warmup_epochs=1, warmup_starting_lr=0.0,
+        optimizer_with(0.1),
+        total_num_epochs=4,
+        num_update_steps_per_epoch=5,
+        lr_min=0.0,
+        num_warmup_epochs=1,
+        warmup_starting_lr=0.0,
     )
     used = []
     for _ in range(7):  # the lr each update k = 1..7 uses
@@ -133,7 +160,9 @@ class StepWdScheduler(StatefulSchedulerBase):
 class MilestoneLrScheduler(SchedulerBase):
     """As 0.1.61's docs write it: a stateless scheduler fed the update count by the loop."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gamma: float = 0.5, milestones: tuple[int, ...] = (2, 4)) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, gamma: float = 0.5, milestones: tuple[int, ...] = (2, 4)
+    ) -> None:
         super().__init__(optimizer, param_group_field="lr")
         self._gamma = gamma
         self._milestones = set(milestones)
@@ -158,7 +187,9 @@ class RecordWeightDecay(TrainerCallback):
     def __init__(self) -> None:
         self.after_updates: list[float] = []
 
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step:
             self.after_updates.append(round(trainer.optimizer.param_groups[0]["weight_decay"], 6))
 
@@ -168,7 +199,9 @@ def test_the_step_wd_scheduler_runs_in_a_real_training_run() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, weight_decay=0.1)
     trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(recorder,))
     trainer.train(
-        make_regression_data(28), num_epochs=1, per_device_batch_size=4,
+        make_regression_data(28),
+        num_epochs=1,
+        per_device_batch_size=4,
         create_scheduler_fn=functools.partial(StepWdScheduler, n=3, gamma=1.1),
     )
     assert recorder.after_updates == [0.1, 0.1, 0.11, 0.11, 0.11, 0.121, 0.121]
@@ -210,11 +243,15 @@ def test_base_lr_values_is_canonical_and_base_values_an_alias() -> None:
 # ---------------------------------------------------------------- §6.4 state dicts
 
 
-@pytest.mark.parametrize("make", [
-    lambda o: CosineLrScheduler(o, 10, 10),
-    lambda o: WSDLrScheduler(o, total_steps=100),
-    lambda o: StepWdScheduler(o),
-], ids=["cosine", "wsd", "custom"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda o: CosineLrScheduler(o, 10, 10),
+        lambda o: WSDLrScheduler(o, total_steps=100),
+        lambda o: StepWdScheduler(o),
+    ],
+    ids=["cosine", "wsd", "custom"],
+)
 def test_every_state_dict_has_num_updates_counting_completed_updates(make: Any) -> None:
     scheduler = make(optimizer_with(0.1, weight_decay=0.1))
     for _ in range(50):
@@ -223,13 +260,22 @@ def test_every_state_dict_has_num_updates_counting_completed_updates(make: Any) 
 
 
 ORIGINAL_COSINE_STATE = {
-    "total_iterations": 20, "lr_min_ratio": None, "lr_min": 0.0, "warmup_iterations": 5, "warmup_lr_init": 0.0,
-    "warmup_lr_ratio": None, "k_decay": 1.0, "num_cooldown_iterations": 0, "num_updates": 7,
+    "total_iterations": 20,
+    "lr_min_ratio": None,
+    "lr_min": 0.0,
+    "warmup_iterations": 5,
+    "warmup_lr_init": 0.0,
+    "warmup_lr_ratio": None,
+    "k_decay": 1.0,
+    "num_cooldown_iterations": 0,
+    "num_updates": 7,
 }
 
 
 def test_a_state_of_the_original_cosine_loads_with_its_counter_plus_one() -> None:
-    reference = CosineLrScheduler(optimizer_with(0.1), 4, 5, lr_min=0.0, num_warmup_epochs=1, warmup_starting_lr=0.0)
+    reference = CosineLrScheduler(
+        optimizer_with(0.1), 4, 5, lr_min=0.0, num_warmup_epochs=1, warmup_starting_lr=0.0
+    )
     target = CosineLrScheduler(optimizer_with(0.1), 8, 3, lr_min=0.5, warmup_starting_lr=0.3)
     target.load_state_dict(ORIGINAL_COSINE_STATE)
     assert target.num_updates == 8  # 0.1.61 counted from -1: 7 means 8 completed updates
@@ -242,16 +288,26 @@ def test_a_state_of_the_original_cosine_loads_with_its_counter_plus_one() -> Non
     # A loader that knows the position (a 0.1.61 training-state directory) sets the counter.
     positioned = CosineLrScheduler(optimizer_with(0.1), 8, 3)
     positioned.load_state_dict({**ORIGINAL_COSINE_STATE, "_num_updates": 10})
-    assert positioned.num_updates == 10 and lr(positioned) == pytest.approx(reference.get_updated_values(10)[0])
+    assert positioned.num_updates == 10 and lr(positioned) == pytest.approx(
+        reference.get_updated_values(10)[0]
+    )
     assert "total_iterations" not in positioned.state_dict() and positioned.total_iterations == 20
 
 
 def test_a_state_of_the_original_wsd_loads_its_settings_keeps_the_counter_and_warns() -> None:
     original_state = {
-        "total_steps": 1000, "num_warmup_steps": 10, "decay_phase_ratio": 0.1, "lr_min": 0.01,
-        "warmup_starting_lr": 1e-6, "use_inverse_sqrt_decay": True, "num_checkpoints": 3,
-        "is_continuation_from_checkpoint": False, "param_group_field": "lr", "base_lr_values": [0.1],
-        "checkpoint_steps": [250, 500, 1000], "previous_checkpoint_step": 224,
+        "total_steps": 1000,
+        "num_warmup_steps": 10,
+        "decay_phase_ratio": 0.1,
+        "lr_min": 0.01,
+        "warmup_starting_lr": 1e-6,
+        "use_inverse_sqrt_decay": True,
+        "num_checkpoints": 3,
+        "is_continuation_from_checkpoint": False,
+        "param_group_field": "lr",
+        "base_lr_values": [0.1],
+        "checkpoint_steps": [250, 500, 1000],
+        "previous_checkpoint_step": 224,
         "checkpoint_decay_info": [
             {"period_start": 0, "period_end": 250, "decay_steps": 25, "pre_decay_step": 225},
             {"period_start": 250, "period_end": 500, "decay_steps": 25, "pre_decay_step": 475},
@@ -261,7 +317,9 @@ def test_a_state_of_the_original_wsd_loads_its_settings_keeps_the_counter_and_wa
     target = WSDLrScheduler(optimizer_with(0.5), total_steps=300, lr_min=0.5)
     for _ in range(249):
         target.step()
-    with pytest.warns(UserWarning, match=r"holds the configuration but no update counter; the counter stays at 249"):
+    with pytest.warns(
+        UserWarning, match=r"holds the configuration but no update counter; the counter stays at 249"
+    ):
         target.load_state_dict(original_state)
     assert (target.total_steps, target.num_checkpoints, target.lr_min) == (1000, 3, 0.01)
     assert target.checkpoint_decay_info == original_state["checkpoint_decay_info"]
@@ -292,10 +350,20 @@ def _saved(state: dict[str, Any]) -> io.BytesIO:
 
 def test_the_cosine_scheduler_has_the_original_attribute_names() -> None:
     scheduler = CosineLrScheduler(
-        optimizer_with(0.1), total_num_epochs=6, num_update_steps_per_epoch=5, num_warmup_epochs=1,
-        num_cooldown_epochs=2, warmup_starting_lr=0.01, warmup_starting_lr_ratio=0.2, min_lr_ratio=0.05,
+        optimizer_with(0.1),
+        total_num_epochs=6,
+        num_update_steps_per_epoch=5,
+        num_warmup_epochs=1,
+        num_cooldown_epochs=2,
+        warmup_starting_lr=0.01,
+        warmup_starting_lr_ratio=0.2,
+        min_lr_ratio=0.05,
     )
-    assert (scheduler.total_iterations, scheduler.warmup_iterations, scheduler.num_cooldown_iterations) == (30, 5, 10)
+    assert (scheduler.total_iterations, scheduler.warmup_iterations, scheduler.num_cooldown_iterations) == (
+        30,
+        5,
+        10,
+    )
     assert (scheduler.warmup_lr_init, scheduler.warmup_lr_ratio, scheduler.lr_min_ratio) == (0.01, 0.2, 0.05)
 
 
@@ -304,7 +372,9 @@ def test_the_cosine_scheduler_has_the_original_attribute_names() -> None:
 
 def test_num_warmup_steps_none_is_one_percent_and_a_warmup_may_overlap_the_decay() -> None:
     assert WSDLrScheduler(optimizer_with(0.1), total_steps=1000, num_warmup_steps=None).num_warmup_steps == 10
-    overlapping = WSDLrScheduler(optimizer_with(0.1), total_steps=100, num_warmup_steps=95, warmup_starting_lr=0.0)
+    overlapping = WSDLrScheduler(
+        optimizer_with(0.1), total_steps=100, num_warmup_steps=95, warmup_starting_lr=0.0
+    )
     assert values_at(overlapping, 92)[0] == pytest.approx(0.1 * 92 / 95)  # the warm-up wins over the decay
     assert values_at(overlapping, 96)[0] < 0.1
 
@@ -312,12 +382,22 @@ def test_num_warmup_steps_none_is_one_percent_and_a_warmup_may_overlap_the_decay
 def test_create_scheduler_fn_has_the_original_signature_and_defaults() -> None:
     parameters = inspect.signature(WSDLrScheduler.create_scheduler_fn).parameters
     assert list(parameters)[:9] == [
-        "total_num_epochs", "num_update_steps_per_epoch", "num_warmup_epochs", "decay_phase_ratio", "lr_min",
-        "warmup_starting_lr", "use_inverse_sqrt_decay", "num_checkpoints", "is_continuation_from_checkpoint",
+        "total_num_epochs",
+        "num_update_steps_per_epoch",
+        "num_warmup_epochs",
+        "decay_phase_ratio",
+        "lr_min",
+        "warmup_starting_lr",
+        "use_inverse_sqrt_decay",
+        "num_checkpoints",
+        "is_continuation_from_checkpoint",
     ]
     defaults = {name: parameter.default for name, parameter in parameters.items()}
     assert defaults["total_num_epochs"] is TrainerPlaceholderValues.NUM_EPOCHS
-    assert defaults["num_update_steps_per_epoch"] is TrainerPlaceholderValues.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH
+    assert (
+        defaults["num_update_steps_per_epoch"]
+        is TrainerPlaceholderValues.PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH
+    )
     assert [defaults[name] for name in list(parameters)[2:9]] == [None, 0.1, 1e-6, 1e-6, True, 1, False]
     keyword_only = [name for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert keyword_only == ["num_epochs", "total_steps", "num_warmup_steps"]
@@ -328,10 +408,18 @@ def build(fn: functools.partial) -> WSDLrScheduler:
 
 
 def test_create_scheduler_fn_with_the_original_keywords() -> None:
-    scheduler = build(WSDLrScheduler.create_scheduler_fn(total_num_epochs=4, num_warmup_epochs=1, num_checkpoints=3))
-    assert (scheduler.total_steps, scheduler.num_warmup_steps, scheduler.checkpoint_steps) == (100, 25, [25, 50, 100])
+    scheduler = build(
+        WSDLrScheduler.create_scheduler_fn(total_num_epochs=4, num_warmup_epochs=1, num_checkpoints=3)
+    )
+    assert (scheduler.total_steps, scheduler.num_warmup_steps, scheduler.checkpoint_steps) == (
+        100,
+        25,
+        [25, 50, 100],
+    )
     assert build(WSDLrScheduler.create_scheduler_fn()).num_warmup_steps == 1  # None: 1% of 100
-    assert build(WSDLrScheduler.create_scheduler_fn(num_warmup_epochs=0.5)).num_warmup_steps == 12  # int(12.5)
+    assert (
+        build(WSDLrScheduler.create_scheduler_fn(num_warmup_epochs=0.5)).num_warmup_steps == 12
+    )  # int(12.5)
     positional = build(WSDLrScheduler.create_scheduler_fn(2, 10, 1))
     assert (positional.total_steps, positional.num_warmup_steps) == (20, 10)
 
@@ -342,15 +430,30 @@ def test_create_scheduler_fn_with_our_keywords() -> None:
     assert (by_steps.total_steps, by_steps.num_warmup_steps) == (40, 4)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"total_num_epochs": 3, "num_epochs": 3}, r"Give the number of epochs once: total_num_epochs=3 \(0.1.61's name\) or "
-                                               r"num_epochs=3, not both"),
-    ({"num_warmup_epochs": 1, "num_warmup_steps": 5}, r"Give the warm-up once: num_warmup_epochs=1 \(0.1.61's name\) "
-                                                      r"or num_warmup_steps=5, not both"),
-    ({"total_steps": 100, "total_num_epochs": 3}, r"either as total_steps=100 or as the number of epochs"),
-    ({"total_steps": 100, "num_epochs": 3}, r"either as total_steps=100 or as the number of epochs"),
-    ({"total_steps": 100, "num_update_steps_per_epoch": 10}, r"num_update_steps_per_epoch=10. Drop one of them"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"total_num_epochs": 3, "num_epochs": 3},
+            r"Give the number of epochs once: total_num_epochs=3 \(0.1.61's name\) or "
+            r"num_epochs=3, not both",
+        ),
+        (
+            {"num_warmup_epochs": 1, "num_warmup_steps": 5},
+            r"Give the warm-up once: num_warmup_epochs=1 \(0.1.61's name\) "
+            r"or num_warmup_steps=5, not both",
+        ),
+        (
+            {"total_steps": 100, "total_num_epochs": 3},
+            r"either as total_steps=100 or as the number of epochs",
+        ),
+        ({"total_steps": 100, "num_epochs": 3}, r"either as total_steps=100 or as the number of epochs"),
+        (
+            {"total_steps": 100, "num_update_steps_per_epoch": 10},
+            r"num_update_steps_per_epoch=10. Drop one of them",
+        ),
+    ],
+)
 def test_create_scheduler_fn_rejects_conflicting_pairs(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WSDLrScheduler.create_scheduler_fn(**kwargs)
@@ -363,11 +466,16 @@ def test_lr_min_is_a_ratio_of_each_groups_peak() -> None:
     assert [lr(scheduler, 0), lr(scheduler, 1)] == [pytest.approx(0.001), pytest.approx(0.0005)]
 
 
-@pytest.mark.parametrize(("use_inverse_sqrt_decay", "expected"), [
-    (True, [0.1, 0.0505, 0.0300, 0.01426, 0.001496, 0.001]),
-    (False, [0.1, 0.003883, 0.00198, 0.001329, 0.00101, 0.001]),
-])
-def test_the_two_decay_formulas_give_the_worked_numbers(use_inverse_sqrt_decay: bool, expected: list[float]) -> None:
+@pytest.mark.parametrize(
+    ("use_inverse_sqrt_decay", "expected"),
+    [
+        (True, [0.1, 0.0505, 0.0300, 0.01426, 0.001496, 0.001]),
+        (False, [0.1, 0.003883, 0.00198, 0.001329, 0.00101, 0.001]),
+    ],
+)
+def test_the_two_decay_formulas_give_the_worked_numbers(
+    use_inverse_sqrt_decay: bool, expected: list[float]
+) -> None:
     scheduler = WSDLrScheduler(
         optimizer_with(0.1), total_steps=1000, lr_min=0.01, use_inverse_sqrt_decay=use_inverse_sqrt_decay
     )
@@ -377,13 +485,18 @@ def test_the_two_decay_formulas_give_the_worked_numbers(use_inverse_sqrt_decay: 
     assert values_at(scheduler, 901)[0] < 0.1
 
 
-@pytest.mark.parametrize(("num_checkpoints", "checkpoints", "pre_decay"), [
-    (1, [1000], [900]),
-    (2, [250, 1000], [225, 925]),
-    (3, [250, 500, 1000], [225, 475, 950]),
-    (4, [250, 397, 630, 1000], [225, 383, 607, 963]),
-])
-def test_the_layout_and_its_pre_decay_steps(num_checkpoints: int, checkpoints: list[int], pre_decay: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("num_checkpoints", "checkpoints", "pre_decay"),
+    [
+        (1, [1000], [900]),
+        (2, [250, 1000], [225, 925]),
+        (3, [250, 500, 1000], [225, 475, 950]),
+        (4, [250, 397, 630, 1000], [225, 383, 607, 963]),
+    ],
+)
+def test_the_layout_and_its_pre_decay_steps(
+    num_checkpoints: int, checkpoints: list[int], pre_decay: list[int]
+) -> None:
     scheduler = WSDLrScheduler(optimizer_with(0.1), total_steps=1000, num_checkpoints=num_checkpoints)
     assert scheduler.get_checkpoint_steps() == checkpoints
     assert [info["pre_decay_step"] for info in scheduler.get_decay_info()] == pre_decay
@@ -403,14 +516,19 @@ def test_introspection_of_the_original() -> None:
     scheduler = WSDLrScheduler(optimizer_with(0.1), total_steps=1000, num_checkpoints=3)
     keys = ("period_start", "period_end", "decay_steps", "pre_decay_step")
     assert [tuple(info[k] for k in keys) for info in scheduler.get_decay_info()] == [
-        (0, 250, 25, 225), (250, 500, 25, 475), (500, 1000, 50, 950),
+        (0, 250, 25, 225),
+        (250, 500, 25, 475),
+        (500, 1000, 50, 950),
     ]
     assert tuple(scheduler.get_phase_info(250)[k] for k in keys) == (0, 250, 25, 225)
     assert tuple(scheduler.get_phase_info(251)[k] for k in keys) == (250, 500, 25, 475)
     beyond = scheduler.get_phase_info(1500)
     assert tuple(beyond[k] for k in keys) == (500, 1000, 50, 950)
     # Ours' keys are merged in (WSDCheckpointCallback reads them).
-    assert scheduler.get_phase_info(251)["checkpoint_step"] == 500 and scheduler.get_phase_info(251)["phase"] == "stable"
+    assert (
+        scheduler.get_phase_info(251)["checkpoint_step"] == 500
+        and scheduler.get_phase_info(251)["phase"] == "stable"
+    )
     assert scheduler.checkpoint_steps == [250, 500, 1000]
     assert scheduler.checkpoint_decay_info == scheduler.get_decay_info()
     assert scheduler.base_lr_values == [0.1]

@@ -34,14 +34,25 @@ TWO_PROCESSES = ["metrics_callback_and_subclass.py", "gather_padded_detections.p
 def run_script(script: str, tmp_path: Path, nproc: int) -> str:
     launcher = [sys.executable]
     if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                     "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
     command = [*launcher, str(SCRIPTS / script)]
-    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True,
-                            text=True, timeout=TIMEOUT_S)
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     output = result.stdout + result.stderr
     succeeded = f"COMPAT OK {ONE_PROCESS[script]}" in output
-    returncode = 0 if finished_but_aborted_at_teardown(result.returncode, output, succeeded) else result.returncode
+    returncode = (
+        0 if finished_but_aborted_at_teardown(result.returncode, output, succeeded) else result.returncode
+    )
     assert returncode == 0 and succeeded, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
     return output
 

@@ -25,10 +25,14 @@ from pytorch_accelerated.callbacks import TrainerCallback
 
 def regression_data(num_samples: int, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(num_samples, 3, generator=generator), torch.randn(num_samples, 1, generator=generator))
+    return TensorDataset(
+        torch.randn(num_samples, 3, generator=generator), torch.randn(num_samples, 1, generator=generator)
+    )
 
 
-def make_trainer(optimizer: Any = "sgd", callbacks: Any = (), trainer_cls: type[Trainer] = Trainer) -> Trainer:
+def make_trainer(
+    optimizer: Any = "sgd", callbacks: Any = (), trainer_cls: type[Trainer] = Trainer
+) -> Trainer:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
     if optimizer == "sgd":
@@ -61,7 +65,9 @@ def test_run_config_reports_max_num_train_steps_as_epochs_times_updates_when_not
     trainer = make_trainer()
     trainer.train(regression_data(40), num_epochs=3, per_device_batch_size=8, gradient_accumulation_steps=2)
     config = trainer.run_config
-    assert config.num_update_steps_per_epoch == 3 == config.num_local_update_steps_per_epoch  # ours: ceil(5 / 2)
+    assert (
+        config.num_update_steps_per_epoch == 3 == config.num_local_update_steps_per_epoch
+    )  # ours: ceil(5 / 2)
     assert config.max_num_train_steps == 9  # the original's epochs * steps, without its + 1
     assert trainer.progress.global_step == 9
 
@@ -90,8 +96,12 @@ def test_the_reported_max_does_not_stop_a_run_whose_loader_a_callback_lengthens(
 def test_run_config_stores_the_merged_dataloader_kwargs() -> None:
     trainer = make_trainer()
     trainer.train(
-        regression_data(16), num_epochs=1, eval_dataset=regression_data(8), per_device_batch_size=4,
-        train_dataloader_kwargs={"drop_last": True}, eval_dataloader_kwargs={"batch_size": 2},
+        regression_data(16),
+        num_epochs=1,
+        eval_dataset=regression_data(8),
+        per_device_batch_size=4,
+        train_dataloader_kwargs={"drop_last": True},
+        eval_dataloader_kwargs={"batch_size": 2},
     )
     train_kwargs, eval_kwargs = trainer.run_config.train_dl_kwargs, trainer.run_config.eval_dl_kwargs
     assert {"batch_size": 4, "shuffle": True, "drop_last": True}.items() <= train_kwargs.items()
@@ -109,7 +119,10 @@ def test_eval_batch_size_kwarg_wins_on_one_process() -> None:
 
     trainer = make_trainer(callbacks=[RecordEvalBatchSizes()])
     trainer.train(
-        regression_data(32), num_epochs=1, eval_dataset=regression_data(64), per_device_batch_size=16,
+        regression_data(32),
+        num_epochs=1,
+        eval_dataset=regression_data(64),
+        per_device_batch_size=16,
         eval_dataloader_kwargs={"batch_size": 64},
     )
     assert sizes == [64]
@@ -174,7 +187,9 @@ def test_dummy_optim_goes_to_one_prepare_call_with_model_and_train_loader() -> N
     # the training loader reach accelerate in ONE prepare call (DeepSpeed reads the batch size there).
     trainer = make_trainer(lambda model: DummyOptim(model.parameters()), trainer_cls=RecordingTrainer)
     with pytest.raises(AttributeError, match="DummyOptim"):  # no DeepSpeed engine here to step it
-        trainer.train(regression_data(8), num_epochs=1, eval_dataset=regression_data(4), per_device_batch_size=4)
+        trainer.train(
+            regression_data(8), num_epochs=1, eval_dataset=regression_data(4), per_device_batch_size=4
+        )
     calls = trainer.accelerator.prepare_calls
     assert calls[0][:2] == (nn.Linear, DummyOptim) and issubclass(calls[0][2], DataLoader)
     assert all(nn.Linear not in call and DummyOptim not in call for call in calls[1:])
@@ -196,8 +211,11 @@ def test_an_object_with_step_and_zero_grad_is_accepted_as_optimizer() -> None:
 
 
 def test_anything_else_as_optimizer_is_a_type_error_naming_the_accepted_kinds() -> None:
-    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, accelerate's DummyOptim .* "
-                       r"step\(\) and zero_grad\(\) methods, got object"):
+    with pytest.raises(
+        TypeError,
+        match=r"optimizer must be a torch.optim.Optimizer, accelerate's DummyOptim .* "
+        r"step\(\) and zero_grad\(\) methods, got object",
+    ):
         make_trainer(lambda model: object())
 
 
@@ -213,7 +231,9 @@ class MetricCallback(TrainerCallback):
         self.results: list[float] = []
 
     def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: Any, **kwargs: Any) -> None:
-        self.metric.update(trainer.gather_for_metrics(batch_output["model_outputs"]), trainer.gather_for_metrics(batch[1]))
+        self.metric.update(
+            trainer.gather_for_metrics(batch_output["model_outputs"]), trainer.gather_for_metrics(batch[1])
+        )
 
     def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         if trainer.run_config.is_world_process_zero:
@@ -229,7 +249,11 @@ def test_evaluate_on_a_fresh_trainer_sets_run_config_for_the_metric_callback_pat
     metrics = trainer.evaluate(data, per_device_batch_size=4)
     config = trainer.run_config
     assert config is not None and config.evaluation_only and config.is_world_process_zero
-    assert (config.eval_per_device_batch_size, config.eval_total_batch_size, config.num_processes) == (4, 4, 1)
+    assert (config.eval_per_device_batch_size, config.eval_total_batch_size, config.num_processes) == (
+        4,
+        4,
+        1,
+    )
     assert config.max_num_train_steps is None and config.num_update_steps_per_epoch is None
     with torch.no_grad():
         expected = nn.functional.mse_loss(trainer.model(data.tensors[0]), data.tensors[1]).item()

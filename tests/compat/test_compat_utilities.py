@@ -64,7 +64,11 @@ def test_importing_the_package_reseeds_nothing(tmp_path: Path):
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script],
+        env=subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0 and "UNCHANGED" in result.stdout, result.stderr
 
@@ -263,9 +267,13 @@ def test_data_loader_slice_takes_slice_size_or_num_batches_with_both_attributes(
 def test_data_loader_slice_rejects_conflicting_names_and_bad_sizes():
     with pytest.raises(ValueError, match=r"slice_size=3 and num_batches=4: they are two names"):
         DataLoaderSlice(loader(5), 3, num_batches=4)
-    with pytest.raises(ValueError, match=r"DataLoaderSlice: slice_size must be a whole number >= 0 or None, got -1"):
+    with pytest.raises(
+        ValueError, match=r"DataLoaderSlice: slice_size must be a whole number >= 0 or None, got -1"
+    ):
         DataLoaderSlice(loader(5), slice_size=-1)
-    with pytest.raises(ValueError, match=r"DataLoaderSlice: num_batches must be a whole number >= 0 or None, got 1.5"):
+    with pytest.raises(
+        ValueError, match=r"DataLoaderSlice: num_batches must be a whole number >= 0 or None, got 1.5"
+    ):
         DataLoaderSlice(loader(5), num_batches=1.5)
 
 

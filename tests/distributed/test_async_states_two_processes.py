@@ -25,7 +25,9 @@ pytestmark = pytest.mark.distributed
 def test_async_states_on_two_processes_are_published_rotated_and_resume_exactly(tmp_path: Path) -> None:
     states = tmp_path / "states"
     faults = start_workers("async_states.py", tmp_path / "fsize", "--mode", "fsize", "--fault-rank", "1")
-    first = launch_workers("async_states.py", tmp_path / "first", "--mode", "resume", "--save-dir", str(states))
+    first = launch_workers(
+        "async_states.py", tmp_path / "first", "--mode", "resume", "--save-dir", str(states)
+    )
     check_the_failed_background_writes(faults.wait().results, tmp_path / "fsize" / "states")
     # Saved at updates 3, 6, ..., 18 and at the end (20); rotation keeps the newest 3, never counting
     # a state still being written; nothing is left hidden.
@@ -43,10 +45,15 @@ def check_the_failed_background_writes(results: list[dict[str, Any]], states: Pa
     for key, name in (("at_next_save", "step_2"), ("at_end", "step_4")):
         own, other = results[1][key], results[0][key]
         assert own["type"] == other["type"] == "CheckpointWriteError", results
-        assert own["message"].startswith(f"Could not save the training state to {states / name}: File too large (errno 27)")
+        assert own["message"].startswith(
+            f"Could not save the training state to {states / name}: File too large (errno 27)"
+        )
         assert other["message"].startswith(
             f"Could not save the training state to {states / name}: process 1 could not write its files (File too large"
         )
-        assert all("Nothing was written; the previous states are intact." in error["message"] for error in (own, other))
+        assert all(
+            "Nothing was written; the previous states are intact." in error["message"]
+            for error in (own, other)
+        )
     # Never published (process 0's own files were fine), and nothing left hidden.
     assert sorted(path.name for path in states.iterdir()) == ["step_1"]

@@ -115,17 +115,24 @@ def test_gather_with_padding_value_strips_the_padding_rows(ranks: list[dict[str,
     assert [result["gather_padded"] for result in ranks] == [expected, expected]
 
 
-def test_gather_with_padding_value_gives_compat_worked_example_three_rows(ranks: list[dict[str, Any]]) -> None:
+def test_gather_with_padding_value_gives_compat_worked_example_three_rows(
+    ranks: list[dict[str, Any]],
+) -> None:
     # Process 0 holds [[1,2],[3,4]], process 1 [[5,6]], padding_value=-1: 3 rows (was 4 with [-1,-1]).
     expected = [[1, 2], [3, 4], [5, 6]]
     assert [result["gather_compat"] for result in ranks] == [expected, expected]
 
 
-def test_metric_callback_reading_run_config_works_on_a_fresh_trainers_evaluate(ranks: list[dict[str, Any]]) -> None:
+def test_metric_callback_reading_run_config_works_on_a_fresh_trainers_evaluate(
+    ranks: list[dict[str, Any]],
+) -> None:
     # Issue 9 Deliver 4: evaluate() on a fresh Trainer sets run_config; the original's pattern
     # computes the metric on the world main process only.
     evaluations = len(SIZES) + len(GRID) + 2  # evaluate() calls, then the two training runs
-    assert [result["mse"]["is_world_process_zero"] for result in ranks] == [[True] * evaluations, [False] * evaluations]
+    assert [result["mse"]["is_world_process_zero"] for result in ranks] == [
+        [True] * evaluations,
+        [False] * evaluations,
+    ]
     assert len(ranks[0]["mse"]["computed"]) == evaluations
     assert ranks[0]["mse"]["computed"] == pytest.approx(ranks[1]["mse"]["computed"])  # the same gathered rows
 
@@ -154,7 +161,10 @@ def test_any_size_and_batch_size_evaluates_each_sample_once_as_one_process_would
         assert run["evaluation_loss"] == pytest.approx(expected_loss, rel=1e-6)
     runs = [result[f"grid_{num_samples}_{batch_size}"] for result in ranks]
     assert len(runs[0]["local_batches"]) == len(runs[1]["local_batches"])
-    own = [[i for batch, pad in zip(run["local_batches"], run["padding"], strict=True) if not pad for i in batch] for run in runs]
+    own = [
+        [i for batch, pad in zip(run["local_batches"], run["padding"], strict=True) if not pad for i in batch]
+        for run in runs
+    ]
     assert sorted(own[0] + own[1]) == list(range(num_samples))
     for run in runs:  # padding batches (a repeated sample) only ever come last
         assert run["padding"] == sorted(run["padding"])

@@ -42,13 +42,26 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("fsdp_states")
     fsdp_states, ddp_states = root / "fsdp_states", root / "ddp_states"
     first = {
-        "fsdp": start_workers("fsdp_states.py", root / "fsdp", "--save-dir", str(fsdp_states), "--try-async", "1"),
-        "ddp": start_workers("fsdp_states.py", root / "ddp", "--save-dir", str(ddp_states), "--engine", "ddp"),
-        "full": start_workers("fsdp_states.py", root / "full", "--save-dir", str(root / "full_states"), *FULL,
-                              "--then-resume-from", str(root / "full_states" / "step_8")),
+        "fsdp": start_workers(
+            "fsdp_states.py", root / "fsdp", "--save-dir", str(fsdp_states), "--try-async", "1"
+        ),
+        "ddp": start_workers(
+            "fsdp_states.py", root / "ddp", "--save-dir", str(ddp_states), "--engine", "ddp"
+        ),
+        "full": start_workers(
+            "fsdp_states.py",
+            root / "full",
+            "--save-dir",
+            str(root / "full_states"),
+            *FULL,
+            "--then-resume-from",
+            str(root / "full_states" / "step_8"),
+        ),
     }
     results: dict[str, Any] = {name: group.wait() for name, group in first.items()}
-    folder = root / "newest_damaged"  # step_4, step_8 and step_12, whose model shard of process 1 is cut short
+    folder = (
+        root / "newest_damaged"
+    )  # step_4, step_8 and step_12, whose model shard of process 1 is cut short
     for name in ("step_4", "step_8", "step_12"):
         shutil.copytree(fsdp_states / name, folder / name)
     shard = folder / "step_12" / "pytorch_model_fsdp_0" / "__1_0.distcp"
@@ -60,7 +73,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                 "--resume-from", str(fsdp_states / "step_8"), nproc=1),
     }  # fmt: skip
     results.update({name: group.wait() for name, group in second.items()})
-    return {**results, "fsdp_states": fsdp_states, "ddp_states": ddp_states, "full_states": root / "full_states", "damaged": shard}
+    return {
+        **results,
+        "fsdp_states": fsdp_states,
+        "ddp_states": ddp_states,
+        "full_states": root / "full_states",
+        "damaged": shard,
+    }
 
 
 def rank0(run: WorkerRun) -> dict[str, Any]:
@@ -71,14 +90,26 @@ def test_a_sharded_state_lists_every_shard_and_records_how_it_was_sharded(runs: 
     state = runs["fsdp_states"] / "step_8"
     manifest = state_dirs.read_manifest(state)
     assert manifest is not None and rank0(runs["fsdp"])["engine"] == "FSDP"
-    assert manifest["sharded"] == {"engine": "FSDP", "fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT", "num_processes": 2}
+    assert manifest["sharded"] == {
+        "engine": "FSDP",
+        "fsdp_version": 2,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "num_processes": 2,
+    }
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):  # every process's shard, and DCP's metadata
         assert {f"{part}/__0_0.distcp", f"{part}/__1_0.distcp", f"{part}/.metadata"} <= set(manifest["files"])
     assert {"rng_state_0.pt", "rng_state_1.pt", "trainer_state.pt", "scheduler.pt"} <= set(manifest["files"])
     assert not {"model.pt", "optimizer.pt"} & set(manifest["files"])
-    on_disk = {path.relative_to(state).as_posix() for path in state.rglob("*") if path.is_file()} - {"manifest.json"}
+    on_disk = {path.relative_to(state).as_posix() for path in state.rglob("*") if path.is_file()} - {
+        "manifest.json"
+    }
     assert on_disk == set(manifest["files"])
-    assert sorted(path.name for path in runs["fsdp_states"].iterdir()) == ["final", "step_12", "step_4", "step_8"]
+    assert sorted(path.name for path in runs["fsdp_states"].iterdir()) == [
+        "final",
+        "step_12",
+        "step_4",
+        "step_8",
+    ]
 
 
 def test_resumed_in_a_new_launch_it_ends_exactly_as_the_uninterrupted_run(runs: dict[str, Any]) -> None:
@@ -87,13 +118,19 @@ def test_resumed_in_a_new_launch_it_ends_exactly_as_the_uninterrupted_run(runs: 
     assert "is truncated or corrupt" in runs["resumed"].output
     assert resumed["at_start"] == uninterrupted["at_saved_step"]  # the weights and optimizer of step_8
     assert resumed["at_start"]["optimizer"]["0.weight"]["step"] == 8.0
-    assert resumed["progress"] == uninterrupted["progress"] == {"epoch": 3, "global_step": 15, "batch_index": 0, "epoch_step": 0}
+    assert (
+        resumed["progress"]
+        == uninterrupted["progress"]
+        == {"epoch": 3, "global_step": 15, "batch_index": 0, "epoch_step": 0}
+    )
     assert resumed["weights"] == uninterrupted["weights"]
     assert resumed["train_loss"] == uninterrupted["train_loss"] and len(resumed["train_loss"]) == 3
     assert resumed["eval_loss"] == uninterrupted["eval_loss"]
 
 
-def test_with_full_state_dict_it_saves_whole_files_from_process_0_and_resumes_exactly(runs: dict[str, Any]) -> None:
+def test_with_full_state_dict_it_saves_whole_files_from_process_0_and_resumes_exactly(
+    runs: dict[str, Any],
+) -> None:
     """accelerate's FULL_STATE_DICT: the model and optimizer gathered into one file each."""
     manifest = state_dirs.read_manifest(runs["full_states"] / "step_8")
     assert manifest is not None and manifest["sharded"]["state_dict_type"] == "FULL_STATE_DICT"
@@ -116,7 +153,10 @@ def test_the_fsdp_run_matches_the_ddp_run(runs: dict[str, Any]) -> None:
 def test_a_plain_state_resumes_under_fsdp(runs: dict[str, Any]) -> None:
     """A state saved by the DDP run (model.pt, optimizer.pt) loads into the sharded model and
     optimizer, and the run then ends as the DDP run did."""
-    ddp, resumed = rank0(runs["ddp"]), rank0(runs["resumed"])["then"]  # a new Trainer after the sharded resume
+    ddp, resumed = (
+        rank0(runs["ddp"]),
+        rank0(runs["resumed"])["then"],
+    )  # a new Trainer after the sharded resume
     assert resumed["engine"] == "FSDP"
     assert resumed["at_start"] == ddp["at_saved_step"]
     assert resumed["train_loss"] == pytest.approx(ddp["train_loss"], abs=1e-6)
@@ -142,11 +182,15 @@ def test_an_asynchronous_save_under_fsdp_is_refused_before_anything_is_written(r
         assert "asynchronous=False" in result["async"]["message"]
 
 
-def test_a_shard_that_fails_to_write_on_one_process_fails_the_save_on_both_leaving_nothing(runs: dict[str, Any]) -> None:
+def test_a_shard_that_fails_to_write_on_one_process_fails_the_save_on_both_leaving_nothing(
+    runs: dict[str, Any],
+) -> None:
     """Process 1's optimizer shard exceeds its file-size limit inside DCP's collective save."""
     states = runs["fsdp_states"]
     for result in runs["fsdp"].results:
-        assert result["failed_save"]["type"] == "CheckpointWriteError" and result["failed_save"]["errno"] == 27
+        assert (
+            result["failed_save"]["type"] == "CheckpointWriteError" and result["failed_save"]["errno"] == 27
+        )
         assert result["failed_save"]["message"] == (
             f"Could not save the training state to {states / 'failed'}: File too large (errno 27) while process 1 "
             f"wrote its shards into {states / '.failed.incomplete'}. Nothing was written; the previous states are "
@@ -164,7 +208,9 @@ def plain_trainer() -> Trainer:
 
 
 @pytest.mark.parametrize("named", ["step_8", "folder"])
-def test_a_sharded_state_loaded_without_fsdp_is_refused_before_anything_is_loaded(runs: dict[str, Any], named: str) -> None:
+def test_a_sharded_state_loaded_without_fsdp_is_refused_before_anything_is_loaded(
+    runs: dict[str, Any], named: str
+) -> None:
     trainer = plain_trainer()
     before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
     target = runs["fsdp_states"] / "step_8" if named == "step_8" else runs["fsdp_states"]
@@ -172,9 +218,15 @@ def test_a_sharded_state_loaded_without_fsdp_is_refused_before_anything_is_loade
         trainer.load_training_state(target)
     message = str(raised.value)
     assert message.startswith(f"{runs['fsdp_states']}/")  # the state itself (the newest, from the folder)
-    assert "is a sharded training state: it was saved under FSDP (FSDP version 2 with state_dict_type=SHARDED_STATE_DICT, on 2 process(es))" in message
+    assert (
+        "is a sharded training state: it was saved under FSDP (FSDP version 2 with state_dict_type=SHARDED_STATE_DICT, on 2 process(es))"
+        in message
+    )
     assert "Resume under the same FSDP configuration" in message
-    assert "save_checkpoint under FSDP" in message and "torch.distributed.checkpoint.format_utils.dcp_to_torch_save" in message
+    assert (
+        "save_checkpoint under FSDP" in message
+        and "torch.distributed.checkpoint.format_utils.dcp_to_torch_save" in message
+    )
     assert all(torch.equal(value, before[name]) for name, value in trainer.model.state_dict().items())
     assert trainer.progress.global_step == 0
 
@@ -200,14 +252,19 @@ def test_a_truncated_shard_is_found_before_anything_is_loaded(runs: dict[str, An
     state = damaged_copy(runs, tmp_path)
     shard = state / "optimizer_0" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-10])
-    with pytest.raises(state_checks.UnusableStateError, match=rf"{shard} is truncated or corrupt \(\d+ bytes, the metadata places \d+ bytes in it\)"):
+    with pytest.raises(
+        state_checks.UnusableStateError,
+        match=rf"{shard} is truncated or corrupt \(\d+ bytes, the metadata places \d+ bytes in it\)",
+    ):
         check(state)
 
 
 def test_a_missing_shard_or_metadata_is_named(runs: dict[str, Any], tmp_path: Path) -> None:
     state = damaged_copy(runs, tmp_path)
     (state / "pytorch_model_fsdp_0" / ".metadata").unlink()
-    with pytest.raises(FileNotFoundError, match=rf"{state} is missing pytorch_model_fsdp_0/.metadata: the state was changed"):
+    with pytest.raises(
+        FileNotFoundError, match=rf"{state} is missing pytorch_model_fsdp_0/.metadata: the state was changed"
+    ):
         check(state)
 
 
@@ -216,21 +273,33 @@ class RunsCode:
         return (print, ("this ran when the file was unpickled",))
 
 
-def test_a_metadata_file_that_would_run_code_is_refused_unread(runs: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_metadata_file_that_would_run_code_is_refused_unread(
+    runs: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = damaged_copy(runs, tmp_path)
     (state / "optimizer_0" / ".metadata").write_bytes(pickle.dumps(RunsCode()))
-    with pytest.raises(state_checks.UnusableStateError, match=r"is not torch.distributed.checkpoint's metadata: it names builtins.print"):
+    with pytest.raises(
+        state_checks.UnusableStateError,
+        match=r"is not torch.distributed.checkpoint's metadata: it names builtins.print",
+    ):
         check(state)
     assert "this ran" not in capsys.readouterr().out
 
 
-def test_shards_of_another_model_are_refused_naming_the_mismatch(runs: dict[str, Any], tmp_path: Path) -> None:
+def test_shards_of_another_model_are_refused_naming_the_mismatch(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
     other = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
-    with pytest.raises(state_checks.StateMismatchError, match=r"size mismatch for 2.bias: \(2,\) in the file, \(3,\) in the model"):
+    with pytest.raises(
+        state_checks.StateMismatchError,
+        match=r"size mismatch for 2.bias: \(2,\) in the file, \(3,\) in the model",
+    ):
         check(damaged_copy(runs, tmp_path), other)
 
 
-def test_the_state_saved_after_the_last_evaluation_holds_the_final_weights(runs: dict[str, Any], tmp_path: Path) -> None:
+def test_the_state_saved_after_the_last_evaluation_holds_the_final_weights(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
     """``final`` is saved after the last evaluation (a forward pass with no backward): its shards
     hold the trained weights, read back with torch's own DCP converter."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

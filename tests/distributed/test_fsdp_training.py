@@ -66,10 +66,14 @@ def test_training_under_fsdp2_gives_the_losses_of_ddp(run: WorkerRun) -> None:
         assert_close(fsdp["predictions"], ddp["predictions"])
         # Clipping by value works on the sharded gradients (elementwise): DDP's losses, which it changed.
         assert_close(fsdp["clipped_by_value"], ddp["clipped_by_value"])
-        assert not math.isclose(ddp["clipped_by_value"]["train_loss_epoch"][0], ddp["main"]["train_loss_epoch"][0])
+        assert not math.isclose(
+            ddp["clipped_by_value"]["train_loss_epoch"][0], ddp["main"]["train_loss_epoch"][0]
+        )
 
 
-def plain_model_and_optimizer(worker_common: ModuleType, path: Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+def plain_model_and_optimizer(
+    worker_common: ModuleType, path: Path
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A plain, unwrapped model and AdamW, loaded from a file written by save_checkpoint."""
     checkpoint = torch.load(path, weights_only=True)
     model = worker_common.make_mlp(seed=3)
@@ -79,7 +83,9 @@ def plain_model_and_optimizer(worker_common: ModuleType, path: Path) -> tuple[nn
     return model, optimizer
 
 
-def assert_same_states(model: nn.Module, optimizer: torch.optim.Optimizer, other: nn.Module, other_optimizer: Any) -> None:
+def assert_same_states(
+    model: nn.Module, optimizer: torch.optim.Optimizer, other: nn.Module, other_optimizer: Any
+) -> None:
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, other.state_dict()[name], rtol=TOLERANCE, atol=TOLERANCE)
     state, other_state = optimizer.state_dict(), other_optimizer.state_dict()
@@ -87,17 +93,23 @@ def assert_same_states(model: nn.Module, optimizer: torch.optim.Optimizer, other
     assert sorted(state["state"]) == sorted(other_state["state"]) == [0, 1, 2, 3]
     for number, values in state["state"].items():
         for key, value in values.items():
-            torch.testing.assert_close(value, other_state["state"][number][key], rtol=TOLERANCE, atol=TOLERANCE)
+            torch.testing.assert_close(
+                value, other_state["state"][number][key], rtol=TOLERANCE, atol=TOLERANCE
+            )
 
 
-def test_save_checkpoint_under_fsdp2_writes_full_states_that_load_into_a_plain_model(run: WorkerRun, worker_common: ModuleType) -> None:
+def test_save_checkpoint_under_fsdp2_writes_full_states_that_load_into_a_plain_model(
+    run: WorkerRun, worker_common: ModuleType
+) -> None:
     ddp = plain_model_and_optimizer(worker_common, run.out_dir / "ddp.pt")
     fsdp = plain_model_and_optimizer(worker_common, run.out_dir / "fsdp.pt")
     assert_same_states(*fsdp, *ddp)
     assert all(state["step"] == 9 for state in fsdp[1].state_dict()["state"].values())  # 3 epochs x 3 updates
 
 
-def test_an_fsdp2_trainer_loads_a_full_checkpoint_and_goes_on_as_ddp_would(run: WorkerRun, worker_common: ModuleType) -> None:
+def test_an_fsdp2_trainer_loads_a_full_checkpoint_and_goes_on_as_ddp_would(
+    run: WorkerRun, worker_common: ModuleType
+) -> None:
     for result in run.results:
         loaded, ddp = result["loaded"], result["ddp"]
         assert not math.isclose(loaded["before_load"], ddp["evaluation"])  # other weights before loading
@@ -105,7 +117,10 @@ def test_an_fsdp2_trainer_loads_a_full_checkpoint_and_goes_on_as_ddp_would(run: 
         # The optimizer state was loaded too: the next epoch's updates are DDP's.
         assert_close(loaded["continued"], ddp["continued"])
         assert loaded["bad_file"]["type"] == "StateMismatchError"
-        assert "size mismatch for 0.weight: (8, 6) in the file, (8, 5) in the model" in loaded["bad_file"]["message"]
+        assert (
+            "size mismatch for 0.weight: (8, 6) in the file, (8, 5) in the model"
+            in loaded["bad_file"]["message"]
+        )
     # Saved again from the sharded trainer: the very states it loaded.
     assert_same_states(
         *plain_model_and_optimizer(worker_common, run.out_dir / "reloaded.pt"),
@@ -113,11 +128,15 @@ def test_an_fsdp2_trainer_loads_a_full_checkpoint_and_goes_on_as_ddp_would(run: 
     )
 
 
-def test_save_checkpoint_per_node_gives_each_node_the_full_states(run: WorkerRun, worker_common: ModuleType) -> None:
+def test_save_checkpoint_per_node_gives_each_node_the_full_states(
+    run: WorkerRun, worker_common: ModuleType
+) -> None:
     # As on 2 machines that share no file system: each node's main process writes the whole file.
     reloaded = plain_model_and_optimizer(worker_common, run.out_dir / "reloaded.pt")
     for node in (0, 1):
-        assert_same_states(*plain_model_and_optimizer(worker_common, run.out_dir / f"node{node}" / "per_node.pt"), *reloaded)
+        assert_same_states(
+            *plain_model_and_optimizer(worker_common, run.out_dir / f"node{node}" / "per_node.pt"), *reloaded
+        )
 
 
 def test_nan_in_one_process_shard_is_refused_on_every_process(run: WorkerRun) -> None:
@@ -161,7 +180,9 @@ class PluginTrainer(Trainer):
 
 
 @pytest.mark.parametrize("asked_by", ["launcher", "plugin"])
-def test_fsdp_asked_for_in_one_cpu_process_warns_that_it_runs_unsharded(asked_by: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsdp_asked_for_in_one_cpu_process_warns_that_it_runs_unsharded(
+    asked_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # As `accelerate launch --use_fsdp` sets it; the Accelerator sets it too when given a plugin
     # (monkeypatch restores the variable's absence afterwards, for the tests that follow).
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
@@ -207,12 +228,17 @@ def test_whole_optimizer_states_under_fsdp1_are_refused_before_anything_is_writt
     model = nn.Linear(3, 1)
     trainer = FSDP1Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters()), callbacks=())
     fix = r"Use FSDP2 \(FullyShardedDataParallelPlugin\(fsdp_version=2\), or `accelerate launch --use_fsdp --fsdp_version 2`\)"
-    with pytest.raises(ValueError, match=rf"^save_checkpoint cannot move the whole optimizer state under FSDP version 1 .*{fix}, or pass save_checkpoint\(..., save_optimizer=False\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^save_checkpoint cannot move the whole optimizer state under FSDP version 1 .*{fix}, or pass save_checkpoint\(..., save_optimizer=False\)",
+    ):
         trainer.save_checkpoint(tmp_path / "model.pt")
     assert list(tmp_path.iterdir()) == []
     path = tmp_path / "plain.pt"
     state = {"model_state_dict": model.state_dict(), "optimizer_state_dict": trainer.optimizer.state_dict()}  # type: ignore[union-attr]
     torch.save(state, path)
-    with pytest.raises(ValueError, match=r"^load_checkpoint cannot .* or pass load_checkpoint\(..., load_optimizer=False\)"):
+    with pytest.raises(
+        ValueError, match=r"^load_checkpoint cannot .* or pass load_checkpoint\(..., load_optimizer=False\)"
+    ):
         trainer.load_checkpoint(path)
     assert "model_state_dict" in trainer.load_checkpoint(path, load_optimizer=False)

@@ -66,9 +66,9 @@ def test_a_collective_the_other_rank_never_reaches_fails_after_the_timeout_namin
     assert run.returncode != 0
     assert run.elapsed_s < 30, run.describe()  # without the timeout: 30 minutes
     failed, lingering = run.results
-    assert lingering["error"] == "ValueError('rank 1 failed on purpose')" and lingering["notes"][-1].startswith(
-        "raised in callback Inject."
-    )
+    assert lingering["error"] == "ValueError('rank 1 failed on purpose')" and lingering["notes"][
+        -1
+    ].startswith("raised in callback Inject.")
     assert failed["error"].startswith("RuntimeError(") and "Timed out" in failed["error"]
     assert failed["failed_after_s"] < 20
     assert failed["notes"] == [

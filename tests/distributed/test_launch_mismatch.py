@@ -95,7 +95,9 @@ def processes(tmp_path_factory: pytest.TempPathFactory, busy_port: int) -> dict[
         except subprocess.TimeoutExpired:
             for other in running.values():
                 other.kill()
-            pytest.fail(f"{name} did not finish within {TIMEOUT_S:.0f} s: a hang.\n{process.communicate()[0]}")
+            pytest.fail(
+                f"{name} did not finish within {TIMEOUT_S:.0f} s: a hang.\n{process.communicate()[0]}"
+            )
         result_file = out_dir / f"{name}.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         processes[name] = Process(process.returncode, output, result)
@@ -103,7 +105,14 @@ def processes(tmp_path_factory: pytest.TempPathFactory, busy_port: int) -> dict[
 
 
 def _start(
-    out_dir: Path, name: str, world_size: int, rank: int, port_key: str, rendezvous_s: float, gather: bool, ports: dict[str, int]
+    out_dir: Path,
+    name: str,
+    world_size: int,
+    rank: int,
+    port_key: str,
+    rendezvous_s: float,
+    gather: bool,
+    ports: dict[str, int],
 ) -> subprocess.Popen[str]:
     tmp_dir = out_dir / name
     tmp_dir.mkdir()
@@ -120,7 +129,9 @@ def _start(
     )
     command = [sys.executable, str(WORKERS_DIR / "launch_mismatch.py"), "--out", str(out_dir), "--name", name]
     command += ["--gather", str(int(gather))]
-    return subprocess.Popen(command, cwd=tmp_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=tmp_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _failed_with(process: Process, *fragments: str) -> None:
@@ -164,7 +175,9 @@ def test_a_process_that_finds_no_process_0_fails_after_the_rendezvous_timeout_na
     assert SHORT_RENDEZVOUS_S <= alone.result["wait_s"] < 60, alone.describe()
 
 
-def test_processes_launched_with_different_world_sizes_both_fail_at_once(processes: dict[str, Process]) -> None:
+def test_processes_launched_with_different_world_sizes_both_fail_at_once(
+    processes: dict[str, Process],
+) -> None:
     for name in ("size2", "size3"):
         process = processes[name]
         _failed_with(
@@ -179,16 +192,24 @@ def test_processes_launched_with_different_world_sizes_both_fail_at_once(process
         assert process.result["wait_s"] < LONG_RENDEZVOUS_S, process.describe()
 
 
-def test_two_processes_launched_with_the_same_rank_stop_every_process_at_once(processes: dict[str, Process]) -> None:
+def test_two_processes_launched_with_the_same_rank_stop_every_process_at_once(
+    processes: dict[str, Process],
+) -> None:
     for name in ("dup0", "dup1a", "dup1b"):
         process = processes[name]
-        _failed_with(process, "Two processes of this launch (WORLD_SIZE=3", "were launched with RANK=1", "own RANK")
+        _failed_with(
+            process, "Two processes of this launch (WORLD_SIZE=3", "were launched with RANK=1", "own RANK"
+        )
         assert process.result["wait_s"] < LONG_RENDEZVOUS_S, process.describe()
 
 
-def test_a_master_port_in_use_fails_at_once_asking_for_a_free_port(processes: dict[str, Process], busy_port: int) -> None:
+def test_a_master_port_in_use_fails_at_once_asking_for_a_free_port(
+    processes: dict[str, Process], busy_port: int
+) -> None:
     busy = processes["busy"]
-    _failed_with(busy, f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{busy_port}", "choose a free port", "--master_port")
+    _failed_with(
+        busy, f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{busy_port}", "choose a free port", "--master_port"
+    )
     assert busy.result["wait_s"] < LONG_RENDEZVOUS_S, busy.describe()
 
 
@@ -196,7 +217,9 @@ def test_a_correct_launch_by_hand_still_forms_one_group_that_works(processes: di
     for name in ("ok0", "ok1"):
         process = processes[name]
         finished = process.result.get("error_type", "missing") is None
-        clean = process.returncode == 0 or finished_but_aborted_at_teardown(process.returncode, process.output, finished)
+        clean = process.returncode == 0 or finished_but_aborted_at_teardown(
+            process.returncode, process.output, finished
+        )
         assert clean and finished, process.describe()
         assert process.result["num_processes"] == 2, process.describe()
         assert process.result["gathered"] == [0, 1], process.describe()
@@ -208,7 +231,12 @@ def test_a_correct_launch_by_hand_still_forms_one_group_that_works(processes: di
 @pytest.fixture
 def launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """A hand-set 2-process launch on this machine, as this process's environment."""
-    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+    for name, value in {
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("TORCHELASTIC_USE_AGENT_STORE", "LOCAL_WORLD_SIZE", RENDEZVOUS_TIMEOUT_ENV):
         monkeypatch.delenv(name, raising=False)
@@ -221,7 +249,9 @@ def test_a_rank_outside_the_world_size_is_an_error_naming_both(launch_env: pytes
         launch_to_check()
 
 
-def test_launches_gathered_by_torchrun_or_of_one_process_are_not_checked(launch_env: pytest.MonkeyPatch) -> None:
+def test_launches_gathered_by_torchrun_or_of_one_process_are_not_checked(
+    launch_env: pytest.MonkeyPatch,
+) -> None:
     launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     assert launch_to_check() is None
     launch_env.delenv("TORCHELASTIC_USE_AGENT_STORE")
@@ -246,5 +276,7 @@ def test_the_rendezvous_timeout_is_longer_on_several_machines_and_set_by_its_var
     launch_env.setenv(RENDEZVOUS_TIMEOUT_ENV, "7.5")
     assert timeout() == 7.5
     launch_env.setenv(RENDEZVOUS_TIMEOUT_ENV, "soon")
-    with pytest.raises(ValueError, match=rf"{RENDEZVOUS_TIMEOUT_ENV}='soon' must be a positive number of seconds"):
+    with pytest.raises(
+        ValueError, match=rf"{RENDEZVOUS_TIMEOUT_ENV}='soon' must be a positive number of seconds"
+    ):
         timeout()

@@ -47,10 +47,14 @@ def test_notebook_launcher_trains_in_two_cpu_processes(tmp_path: Path) -> None:
     script = tmp_path / "notebook_cell.py"
     script.write_text(SCRIPT)
     command = [sys.executable, str(script), str(tmp_path), str(free_port())]
-    done = subprocess.run(command, env=subprocess_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command, env=subprocess_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     results = [tmp_path / f"rank{rank}.json" for rank in (0, 1)]
     assert all(path.exists() for path in results), f"exit code {done.returncode}\n{done.stdout}{done.stderr}"
     first, second = (json.loads(path.read_text()) for path in results)
     assert (first["num_processes"], first["backend"]) == (2, "gloo")
-    assert first["global_step"] == 8  # 32 samples / (2 processes x 4) per epoch, 2 epochs: one process would take 16
+    assert (
+        first["global_step"] == 8
+    )  # 32 samples / (2 processes x 4) per epoch, 2 epochs: one process would take 16
     assert first["weight"] == second["weight"]  # the processes trained one model

@@ -35,9 +35,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, WorkerRun]:
     """The saving run (key 2), then the resumed runs on 1 and 4 processes, started together."""
     root = tmp_path_factory.mktemp("reshard")
     state = str(root / "state")
-    saved = launch_workers("reshard_worker.py", root / "save", "--phase", "save", "--state-dir", state, "--save-at", str(SAVE_AT))
+    saved = launch_workers(
+        "reshard_worker.py", root / "save", "--phase", "save", "--state-dir", state, "--save-at", str(SAVE_AT)
+    )
     groups = {
-        nproc: start_workers("reshard_worker.py", root / f"resume{nproc}", "--phase", "resume", "--state-dir", state, nproc=nproc)
+        nproc: start_workers(
+            "reshard_worker.py",
+            root / f"resume{nproc}",
+            "--phase",
+            "resume",
+            "--state-dir",
+            state,
+            nproc=nproc,
+        )
         for nproc in (1, 4)
     }
     return {2: saved, **{nproc: group.wait() for nproc, group in groups.items()}}
@@ -48,7 +58,9 @@ def seen_in_first_epoch(run: WorkerRun) -> list[int]:
 
 
 @pytest.mark.parametrize("nproc", [1, 4])
-def test_weights_and_optimizer_state_are_those_saved_on_2_processes(runs: dict[int, WorkerRun], nproc: int) -> None:
+def test_weights_and_optimizer_state_are_those_saved_on_2_processes(
+    runs: dict[int, WorkerRun], nproc: int
+) -> None:
     saved = runs[2].results[0]["saved"]
     for result in runs[nproc].results:
         assert result["loaded"]["weights"] == saved["weights"]
@@ -74,8 +86,18 @@ def test_position_and_step_counters_map_and_the_run_completes(
     # order that starts after 4 samples. The 3 updates made are kept; then 8 (2) updates finish
     # the epoch and 14 (4) make the next one.
     for result in runs[nproc].results:
-        assert result["loaded"]["progress"] == {"epoch": 0, "global_step": 3, "batch_index": batch_index, "epoch_step": 3}
-        assert result["final_progress"] == {"epoch": 2, "global_step": global_step, "batch_index": 0, "epoch_step": 0}
+        assert result["loaded"]["progress"] == {
+            "epoch": 0,
+            "global_step": 3,
+            "batch_index": batch_index,
+            "epoch_step": 3,
+        }
+        assert result["final_progress"] == {
+            "epoch": 2,
+            "global_step": global_step,
+            "batch_index": 0,
+            "epoch_step": 0,
+        }
         assert result["num_processes"] == nproc
     second_epoch = Counter(index for result in runs[nproc].results for index in result["seen"]["1"])
     assert set(second_epoch) == set(range(NUM_SAMPLES))  # the next epoch is whole again
@@ -83,7 +105,9 @@ def test_position_and_step_counters_map_and_the_run_completes(
 
 @pytest.mark.parametrize("nproc", [1, 4])
 def test_the_epochs_loss_so_far_is_summed_into_rank_0(runs: dict[int, WorkerRun], nproc: int) -> None:
-    saved_total = [sum(values) for values in zip(*(r["saved"]["loss_share"] for r in runs[2].results), strict=True)]
+    saved_total = [
+        sum(values) for values in zip(*(r["saved"]["loss_share"] for r in runs[2].results), strict=True)
+    ]
     shares = [result["loaded"]["loss_share"] for result in runs[nproc].results]
     assert shares[0] == pytest.approx(saved_total, rel=1e-6)
     assert saved_total[1] == 12
@@ -119,7 +143,11 @@ class Events(TrainerCallback):
 @pytest.mark.parametrize(
     "data, kwargs, reason",
     [
-        ("map", {"sampler": SequentialSampler(range(NUM_SAMPLES))}, "train_dataloader_kwargs gives a custom sampler (SequentialSampler)"),
+        (
+            "map",
+            {"sampler": SequentialSampler(range(NUM_SAMPLES))},
+            "train_dataloader_kwargs gives a custom sampler (SequentialSampler)",
+        ),
         ("map", {"shuffle": False}, "train_dataloader_kwargs has shuffle=False"),
         ("stream", {}, "the training set (Stream) is a stream (an IterableDataset)"),
         ("short", {}, "saved mid-epoch with 28 training samples, but this run's training set has 20 samples"),
@@ -127,12 +155,19 @@ class Events(TrainerCallback):
     ids=["custom-sampler", "no-shuffle", "iterable-dataset", "other-training-set"],
 )
 def test_settings_whose_position_does_not_map_are_refused_naming_them_before_training(
-    runs: dict[int, WorkerRun], worker_common: ModuleType, tmp_path: Path, data: str, kwargs: dict[str, Any], reason: str
+    runs: dict[int, WorkerRun],
+    worker_common: ModuleType,
+    tmp_path: Path,
+    data: str,
+    kwargs: dict[str, Any],
+    reason: str,
 ) -> None:
     model = worker_common.make_mlp(seed=3)
     before = {name: value.clone() for name, value in model.state_dict().items()}
     events = Events()
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(events,))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(events,)
+    )
     datasets = {
         "map": worker_common.RegressionDataset(NUM_SAMPLES, seed=1, with_index=True),
         "stream": Stream(),
@@ -140,12 +175,21 @@ def test_settings_whose_position_does_not_map_are_refused_naming_them_before_tra
     }
     state = runs[2].out_dir.parent / "state"
     with pytest.raises(ValueError) as error:
-        trainer.train(datasets[data], num_epochs=2, per_device_batch_size=2, train_dataloader_kwargs=kwargs, resume_from=state)
+        trainer.train(
+            datasets[data],
+            num_epochs=2,
+            per_device_batch_size=2,
+            train_dataloader_kwargs=kwargs,
+            resume_from=state,
+        )
     message = str(error.value)
     assert reason in message
     if data != "short":
         assert "Cannot resume" in message and "mid-epoch on other settings" in message
-        assert "saved with 2 process(es) x per_device_batch_size 2 x gradient_accumulation_steps 1, resumed with 1 x 2 x 1" in message
+        assert (
+            "saved with 2 process(es) x per_device_batch_size 2 x gradient_accumulation_steps 1, resumed with 1 x 2 x 1"
+            in message
+        )
         assert "Resume with the saved settings (2 process(es)" in message
     assert events.fired == []
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
@@ -169,13 +213,20 @@ class SeenThenSave(TrainerCallback):
             raise StopTrainingError("saved")
 
 
-def resume_in_this_process(worker_common: ModuleType, state: Path, batch_size: int, recorder: SeenThenSave) -> Trainer:
+def resume_in_this_process(
+    worker_common: ModuleType, state: Path, batch_size: int, recorder: SeenThenSave
+) -> Trainer:
     model = worker_common.make_mlp(seed=0)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(recorder,))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(recorder,)
+    )
     with pytest.warns(UserWarning, match="mid-epoch: it was saved with"):
         trainer.train(
             worker_common.RegressionDataset(NUM_SAMPLES, seed=1, with_index=True),
-            num_epochs=1, per_device_batch_size=batch_size, resume_from=state, seed=7,
+            num_epochs=1,
+            per_device_batch_size=batch_size,
+            resume_from=state,
+            seed=7,
         )
     return trainer
 
@@ -205,11 +256,16 @@ def test_without_the_shuffle_sampler_the_same_samples_per_batch_index_still_resu
         def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
             positions.append(trainer.progress.batch_index)
 
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(RecordStart(),))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(RecordStart(),)
+    )
     with pytest.warns(UserWarning, match="resumed with 1 x 4 x 1. 12 samples"):
         trainer.train(
-            worker_common.RegressionDataset(NUM_SAMPLES, seed=1, with_index=True), num_epochs=1, per_device_batch_size=4,
-            train_dataloader_kwargs={"shuffle": False}, resume_from=runs[2].out_dir.parent / "state",
+            worker_common.RegressionDataset(NUM_SAMPLES, seed=1, with_index=True),
+            num_epochs=1,
+            per_device_batch_size=4,
+            train_dataloader_kwargs={"shuffle": False},
+            resume_from=runs[2].out_dir.parent / "state",
         )
     assert positions == [SAVE_AT]
     assert trainer.progress.global_step == 3 + (7 - SAVE_AT)  # 7 batches of 4 per epoch

@@ -126,5 +126,8 @@ def test_sigterm_to_both_processes_saves_one_state_at_the_same_step_and_both_exi
     assert sorted(saved) == ["epoch_1", "step_4", "step_8"]  # stopped at the end of epoch 1 (step 9)
     manifest = saved["epoch_1"]
     assert manifest["global_step"] == STOP_STEP and manifest["num_processes"] == 2
-    assert (manifest["epoch"], manifest["batch_index"]) == (1, 0)  # saved at the epoch end: resumes at epoch 2
+    assert (manifest["epoch"], manifest["batch_index"]) == (
+        1,
+        0,
+    )  # saved at the epoch end: resumes at epoch 2
     assert {"rng_state_0.pt", "rng_state_1.pt"} <= set(manifest["files"])

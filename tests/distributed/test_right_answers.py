@@ -24,7 +24,9 @@ ONE_PASS = [(0, 8), (8, 16), (16, 20)]  # 20 samples, 8 per update (the last upd
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("right_answers")
-    groups = {nproc: start_workers("right_answers.py", out / f"nproc{nproc}", nproc=nproc) for nproc in (2, 1)}
+    groups = {
+        nproc: start_workers("right_answers.py", out / f"nproc{nproc}", nproc=nproc) for nproc in (2, 1)
+    }
     return {nproc: group.wait().results for nproc, group in groups.items()}
 
 
@@ -45,7 +47,9 @@ def token_oracle(common: ModuleType, chunks: list[tuple[int, int]]) -> dict[str,
 
 def assert_weights_equal(weights: dict[str, Any], expected: dict[str, torch.Tensor]) -> None:
     for name, value in expected.items():
-        torch.testing.assert_close(torch.tensor(weights[name], dtype=torch.float64), value.double(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(weights[name], dtype=torch.float64), value.double(), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_the_group_had_two_processes(runs: dict[int, list[dict[str, Any]]]) -> None:

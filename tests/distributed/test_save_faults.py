@@ -23,7 +23,15 @@ TIMEOUT_S = 90.0
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> WorkerRun:
     out = tmp_path_factory.mktemp("save_faults")
-    return launch_workers("save_faults.py", out, "--cases", "parent_is_file,fsize,damaged_rank_file", "--fault-rank", "1", timeout_s=TIMEOUT_S)
+    return launch_workers(
+        "save_faults.py",
+        out,
+        "--cases",
+        "parent_is_file,fsize,damaged_rank_file",
+        "--fault-rank",
+        "1",
+        timeout_s=TIMEOUT_S,
+    )
 
 
 def results(run: WorkerRun, case: str) -> list[dict[str, Any]]:
@@ -34,7 +42,9 @@ def test_parent_that_is_a_file_fails_on_rank_0_and_raises_on_both_ranks(run: Wor
     state = run.out_dir / "blocker" / "states" / "step-2"
     own, other = results(run, "parent_is_file")
     assert own["type"] == other["type"] == "CheckpointWriteError", run.describe()
-    assert own["message"].startswith(f"Could not save the training state to {state}: Not a directory (errno 20)")
+    assert own["message"].startswith(
+        f"Could not save the training state to {state}: Not a directory (errno 20)"
+    )
     assert own["message"].endswith(f"{run.out_dir / 'blocker'} is a file, not a folder: choose another path.")
     assert other["message"] == (
         f"Could not save the training state to {state}: process 0 failed to write it (its output says "

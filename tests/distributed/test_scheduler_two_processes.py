@@ -22,7 +22,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", RUNS)
-def test_schedule_is_stepped_once_per_update_and_ends_on_lr_min_at_the_last_update(runs: list[dict], name: str) -> None:
+def test_schedule_is_stepped_once_per_update_and_ends_on_lr_min_at_the_last_update(
+    runs: list[dict], name: str
+) -> None:
     for result in (runs[0][name], runs[1][name]):
         assert result["num_processes"] == 2
         total_updates = 3 * result["steps_per_epoch"]

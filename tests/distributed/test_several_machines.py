@@ -43,7 +43,9 @@ def launch_node(node_rank: int, port: int, node_dir: Path) -> subprocess.Popen[b
         str(WORKERS_DIR / "several_machines.py"), "--out", str(node_dir),
     ]  # fmt: skip
     with open(node_dir / "output.txt", "w") as output:  # a file, so neither node blocks on a full pipe
-        return subprocess.Popen(command, cwd=node_dir, env=subprocess_env(tmp_dir), stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=node_dir, env=subprocess_env(tmp_dir), stdout=output, stderr=subprocess.STDOUT
+        )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,9 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
                     other.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     other.kill()
-            pytest.fail(f"The 2-node run did not finish within {TIMEOUT_S:.0f} s (a hang?); outputs in {root}.")
+            pytest.fail(
+                f"The 2-node run did not finish within {TIMEOUT_S:.0f} s (a hang?); outputs in {root}."
+            )
     results = []
     for rank, (launch, node_dir) in enumerate(zip(launches, dirs, strict=True)):
         path, output = node_dir / f"rank{rank}.json", (node_dir / "output.txt").read_text()
@@ -75,7 +79,9 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return results
 
 
-def test_a_state_saved_by_the_main_process_only_fails_on_both_nodes_and_says_how_to_fix_it(nodes: list[dict[str, Any]]) -> None:
+def test_a_state_saved_by_the_main_process_only_fails_on_both_nodes_and_says_how_to_fix_it(
+    nodes: list[dict[str, Any]],
+) -> None:
     node0, node1 = (node["default_save_error"] for node in nodes)
     assert "process 1 failed to write it" in node0
     assert "process 1 cannot see the directory" in node1 and "save_on_each_node = True" in node1
@@ -84,7 +90,9 @@ def test_a_state_saved_by_the_main_process_only_fails_on_both_nodes_and_says_how
         assert not list(node["dir"].glob(".*"))  # no hidden temporary directory either
 
 
-def test_an_asynchronous_state_saved_by_the_main_process_only_fails_at_once_on_both_nodes(nodes: list[dict[str, Any]]) -> None:
+def test_an_asynchronous_state_saved_by_the_main_process_only_fails_at_once_on_both_nodes(
+    nodes: list[dict[str, Any]],
+) -> None:
     node0, node1 = (node["default_asynchronous_save_error"] for node in nodes)
     assert "process 1 failed to write it" in node0
     assert "process 1 cannot see the directory" in node1 and "save_on_each_node = True" in node1
@@ -93,10 +101,14 @@ def test_an_asynchronous_state_saved_by_the_main_process_only_fails_at_once_on_b
         assert not list(node["dir"].glob(".*"))
 
 
-def test_each_node_holds_a_whole_state_and_resumes_from_its_own_directory(nodes: list[dict[str, Any]]) -> None:
+def test_each_node_holds_a_whole_state_and_resumes_from_its_own_directory(
+    nodes: list[dict[str, Any]],
+) -> None:
     shared = ["manifest.json", "model.pt", "optimizer.pt", "trainer_state.pt"]
     for rank, node in enumerate(nodes):
-        state = sorted(name.split("/", 1)[1] for name in node["files"] if name.startswith("state-mid-epoch-2/"))
+        state = sorted(
+            name.split("/", 1)[1] for name in node["files"] if name.startswith("state-mid-epoch-2/")
+        )
         assert state == sorted([*shared, f"rng_state_{rank}.pt"])
         manifest = json.loads((node["dir"] / "state-mid-epoch-2" / "manifest.json").read_text())
         assert manifest["files"] == sorted([*shared[1:], f"rng_state_{rank}.pt"])  # what this node holds
@@ -110,8 +122,13 @@ def test_save_per_node_writes_the_checkpoint_on_every_node(nodes: list[dict[str,
     assert all(node["loaded_equal"] for node in nodes)
 
 
-def test_an_asynchronous_state_on_each_node_is_refused_on_every_node_before_anything_is_written(nodes: list[dict[str, Any]]) -> None:
+def test_an_asynchronous_state_on_each_node_is_refused_on_every_node_before_anything_is_written(
+    nodes: list[dict[str, Any]],
+) -> None:
     for node in nodes:
-        assert "Cannot save checkpoints/state-async asynchronously with accelerate's save_on_each_node" in node["asynchronous_save_error"]
+        assert (
+            "Cannot save checkpoints/state-async asynchronously with accelerate's save_on_each_node"
+            in node["asynchronous_save_error"]
+        )
         assert "asynchronous=False" in node["asynchronous_save_error"]
         assert not any("state-async" in name for name in node["files"])

@@ -46,8 +46,12 @@ class GatherDetections(TrainerCallback):
 
 def main():
     model = nn.Linear(2, 1)
-    trainer = Trainer(model, loss_func=lambda out, target: out.sum() * 0, optimizer=optim.SGD(model.parameters(), lr=0.1),
-                      callbacks=(GatherDetections(),))
+    trainer = Trainer(
+        model,
+        loss_func=lambda out, target: out.sum() * 0,
+        optimizer=optim.SGD(model.parameters(), lr=0.1),
+        callbacks=(GatherDetections(),),
+    )
     trainer.evaluate(dataset=ToyDetections(), per_device_batch_size=4)
     gatherer = trainer.callback_handler.callbacks[0]
     detections = torch.cat(gatherer.detections)
@@ -58,7 +62,9 @@ def main():
 
     # COMPAT.md section 2's worked example.
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    rank, world_size = (
+        (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    )
     mine = torch.tensor([[1, 2], [3, 4]]) if rank == 0 else torch.tensor([[5, 6]])
     gathered = trainer.gather(mine, padding_value=-1)
     if world_size == 2:

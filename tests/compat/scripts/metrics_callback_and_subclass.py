@@ -100,15 +100,21 @@ def main():
         optimizer=optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         callbacks=(ClassificationMetricsCallback(num_classes=NUM_CLASSES), *DEFAULT_CALLBACKS),
     )
-    trainer.train(train_dataset=train_dataset, eval_dataset=eval_dataset, num_epochs=2, per_device_batch_size=8)
+    trainer.train(
+        train_dataset=train_dataset, eval_dataset=eval_dataset, num_epochs=2, per_device_batch_size=8
+    )
     accuracy = trainer.run_history.get_latest_metric("accuracy")
     assert len(trainer.run_history.get_metric_values("accuracy")) == 2
     expected = true_accuracy(model, eval_dataset)
     assert abs(float(accuracy) - expected) < 1e-6, f"callback accuracy {float(accuracy)} != {expected}"
 
     # The original's evaluation-only script: a fresh Trainer, evaluate(), the same callback.
-    fresh = Trainer(model, loss_func=nn.CrossEntropyLoss(), optimizer=None,
-                    callbacks=(ClassificationMetricsCallback(num_classes=NUM_CLASSES), *DEFAULT_CALLBACKS))
+    fresh = Trainer(
+        model,
+        loss_func=nn.CrossEntropyLoss(),
+        optimizer=None,
+        callbacks=(ClassificationMetricsCallback(num_classes=NUM_CLASSES), *DEFAULT_CALLBACKS),
+    )
     fresh.evaluate(dataset=eval_dataset, per_device_batch_size=8)
     evaluated = float(fresh.run_history.get_latest_metric("accuracy"))
     assert abs(evaluated - expected) < 1e-6, f"evaluate() accuracy {evaluated} != {expected}"
@@ -120,7 +126,9 @@ def main():
         loss_func=nn.CrossEntropyLoss(),
         optimizer=optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
     )
-    trainer.train(train_dataset=train_dataset, eval_dataset=eval_dataset, num_epochs=2, per_device_batch_size=8)
+    trainer.train(
+        train_dataset=train_dataset, eval_dataset=eval_dataset, num_epochs=2, per_device_batch_size=8
+    )
     subclass_accuracy = float(trainer.run_history.get_latest_metric("accuracy"))
     expected = true_accuracy(model, eval_dataset)
     assert abs(subclass_accuracy - expected) < 1e-6, f"subclass accuracy {subclass_accuracy} != {expected}"

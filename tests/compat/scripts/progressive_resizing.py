@@ -24,7 +24,9 @@ class ResizableImages(Dataset):
     def __init__(self, num_samples, image_size, seed):
         generator = torch.Generator().manual_seed(seed)
         self.targets = torch.randint(0, NUM_CLASSES, (num_samples,), generator=generator)
-        self.images = 0.3 * torch.randn(num_samples, 1, 32, 32, generator=generator) + self.targets.view(-1, 1, 1, 1)
+        self.images = 0.3 * torch.randn(num_samples, 1, 32, 32, generator=generator) + self.targets.view(
+            -1, 1, 1, 1
+        )
         self.image_size = image_size
         self.sizes_served = set()
 
@@ -50,15 +52,25 @@ class ProgressiveResizeCallback(TrainerCallback):
 
 def make_model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, NUM_CLASSES))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, NUM_CLASSES),
+    )
 
 
 def main():
     model = make_model()
     sizes = [8, 16, 24]
     train_dataset = ResizableImages(24, image_size=8, seed=0)
-    trainer = Trainer(model, loss_func=nn.CrossEntropyLoss(), optimizer=optim.SGD(model.parameters(), lr=0.1),
-                      callbacks=(ProgressiveResizeCallback(sizes), *DEFAULT_CALLBACKS))
+    trainer = Trainer(
+        model,
+        loss_func=nn.CrossEntropyLoss(),
+        optimizer=optim.SGD(model.parameters(), lr=0.1),
+        callbacks=(ProgressiveResizeCallback(sizes), *DEFAULT_CALLBACKS),
+    )
     trainer.train(train_dataset=train_dataset, num_epochs=3, per_device_batch_size=8)
     assert train_dataset.sizes_served == set(sizes), train_dataset.sizes_served
 

@@ -67,8 +67,9 @@ def main():
     optimizer = timm.optim.create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.01)
     mixup_args = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1, "num_classes": NUM_CLASSES}
     on_trainer, on_ema = CountEvalEpochs(), CountEvalEpochs()
-    ema_callback = ModelEmaCallback(decay=0.9, save_path="ema_model.pt", evaluate_during_training=True,
-                                    callbacks=(on_ema,))
+    ema_callback = ModelEmaCallback(
+        decay=0.9, save_path="ema_model.pt", evaluate_during_training=True, callbacks=(on_ema,)
+    )
     trainer = MixupTrainer(
         eval_loss_fn=nn.CrossEntropyLoss(),
         mixup_args=mixup_args,
@@ -95,7 +96,9 @@ def main():
     assert isinstance(trainer.scheduler, CosineLRScheduler)
     if trainer.run_config.is_world_process_zero:
         assert os.path.exists("ema_model.pt")
-        print(f"COMPAT OK timm_mixup_ema ema_eval_loss={history.get_latest_metric('ema_model_eval_loss_epoch'):.4f}")
+        print(
+            f"COMPAT OK timm_mixup_ema ema_eval_loss={history.get_latest_metric('ema_model_eval_loss_epoch'):.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -49,20 +49,37 @@ def collate(items):
 class TransformersTrainer(Trainer):
     def calculate_train_batch_loss(self, batch):
         outputs = self.model(**batch)
-        return {"loss": outputs.loss, "model_outputs": outputs.logits, "batch_size": batch["input_ids"].size(0)}
+        return {
+            "loss": outputs.loss,
+            "model_outputs": outputs.logits,
+            "batch_size": batch["input_ids"].size(0),
+        }
 
     def calculate_eval_batch_loss(self, batch):
         with torch.no_grad():
             outputs = self.model(**batch)
-        return {"loss": outputs.loss, "model_outputs": outputs.logits, "batch_size": batch["input_ids"].size(0)}
+        return {
+            "loss": outputs.loss,
+            "model_outputs": outputs.logits,
+            "batch_size": batch["input_ids"].size(0),
+        }
 
 
 def main():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=SEQ_LEN, num_labels=2)
+    config = BertConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=SEQ_LEN,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(config)
-    trainer = TransformersTrainer(model=model, loss_func=None, optimizer=optim.AdamW(model.parameters(), lr=3e-3))
+    trainer = TransformersTrainer(
+        model=model, loss_func=None, optimizer=optim.AdamW(model.parameters(), lr=3e-3)
+    )
     trainer.train(
         train_dataset=TokenSequences(64, seed=0),
         eval_dataset=TokenSequences(16, seed=1),
@@ -74,7 +91,9 @@ def main():
     losses = trainer.run_history.get_metric_values("train_loss_epoch")
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))), losses
     if trainer.run_config.is_world_process_zero:
-        print(f"COMPAT OK transformers_classifier eval_loss={trainer.run_history.get_latest_metric('eval_loss_epoch'):.4f}")
+        print(
+            f"COMPAT OK transformers_classifier eval_loss={trainer.run_history.get_latest_metric('eval_loss_epoch'):.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ def make_data():
 def make_trainer(callbacks):
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    return Trainer(model, loss_func=nn.MSELoss(), optimizer=optim.SGD(model.parameters(), lr=PEAK_LR),
-                   callbacks=(*callbacks, *DEFAULT_CALLBACKS))
+    return Trainer(
+        model,
+        loss_func=nn.MSELoss(),
+        optimizer=optim.SGD(model.parameters(), lr=PEAK_LR),
+        callbacks=(*callbacks, *DEFAULT_CALLBACKS),
+    )
 
 
 def main():
@@ -60,7 +64,9 @@ def main():
     }
     written = set(os.listdir("checkpoints"))
     assert expected <= written, f"missing {sorted(expected - written)}; written {sorted(written)}"
-    assert all(os.path.isdir(os.path.join("checkpoints", f"checkpoint_{s}_wsd_pre_decay")) for s in (23, 48, 95))
+    assert all(
+        os.path.isdir(os.path.join("checkpoints", f"checkpoint_{s}_wsd_pre_decay")) for s in (23, 48, 95)
+    )
     final_weights = {k: v.clone() for k, v in trainer.get_model().state_dict().items()}
 
     checkpoint = torch.load("checkpoints/checkpoint_100_wsd_post_decay.pt", weights_only=True)
@@ -70,7 +76,12 @@ def main():
     # Continuation: 2 more epochs (50 updates) from the final post-decay checkpoint.
     lrs = RecordLr()
     continued = make_trainer(
-        [lrs, WSDCheckpointCallback(save_dir="continued", initial_checkpoint="checkpoints/checkpoint_100_wsd_post_decay.pt")]
+        [
+            lrs,
+            WSDCheckpointCallback(
+                save_dir="continued", initial_checkpoint="checkpoints/checkpoint_100_wsd_post_decay.pt"
+            ),
+        ]
     )
     loaded = []
 
@@ -86,7 +97,10 @@ def main():
         num_epochs=2,
         per_device_batch_size=1,
         create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(
-            total_num_epochs=2, num_warmup_epochs=0, num_checkpoints=1, lr_min=0.01,
+            total_num_epochs=2,
+            num_warmup_epochs=0,
+            num_checkpoints=1,
+            lr_min=0.01,
             is_continuation_from_checkpoint=True,
         ),
     )

@@ -75,7 +75,9 @@ def run_kill(out: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # the background thread is writing step_2 now
 
     actions = {1: lambda trainer: trainer.save_training_state(out / "states" / "step_1"), 2: save_then_die}
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(SaveAtSteps(actions),))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(SaveAtSteps(actions),)
+    )
     trainer.train(RegressionDataset(16), num_epochs=1, per_device_batch_size=4)
 
 
@@ -86,6 +88,7 @@ def run_fsize(out: Path) -> None:
         def action(trainer: Trainer) -> None:
             limit_file_size(True)  # kept until the error has surfaced: the write happens later
             trainer.save_training_state(states / name, asynchronous=True)
+
         return action
 
     def next_save(trainer: Trainer) -> None:
@@ -103,9 +106,15 @@ def run_fsize(out: Path) -> None:
     }
     torch.manual_seed(0)
     model = nn.Linear(NUM_FEATURES, NUM_OUTPUTS)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(SaveAtSteps(actions),))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=(SaveAtSteps(actions),)
+    )
     try:
-        trainer.train(RegressionDataset(16 * int(os.environ.get("WORLD_SIZE", "1"))), num_epochs=1, per_device_batch_size=4)
+        trainer.train(
+            RegressionDataset(16 * int(os.environ.get("WORLD_SIZE", "1"))),
+            num_epochs=1,
+            per_device_batch_size=4,
+        )
     except Exception as error:
         result["at_end"] = error_record(error)
         result["traceback"] = traceback.format_exc()
@@ -122,11 +131,16 @@ def run_resume(out: Path, save_dir: str, resume_from: str) -> None:
         RegressionDataset(40, seed=1),
         num_epochs=2,
         per_device_batch_size=2,
-        create_scheduler_fn=CosineLrScheduler.create_scheduler_fn(num_warmup_epochs=1, warmup_starting_lr=1e-3),
+        create_scheduler_fn=CosineLrScheduler.create_scheduler_fn(
+            num_warmup_epochs=1, warmup_starting_lr=1e-3
+        ),
         resume_from=resume_from or None,
         seed=7,
     )
-    write_result(out, {"weights": state_dict_to_lists(trainer.get_model()), "global_step": trainer.progress.global_step})
+    write_result(
+        out,
+        {"weights": state_dict_to_lists(trainer.get_model()), "global_step": trainer.progress.global_step},
+    )
 
 
 def main() -> None:

@@ -45,7 +45,9 @@ class Recorder(TrainerCallback):
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         self.initial = copy.deepcopy(trainer.get_model().state_dict())
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if trainer.progress.global_step != self._last_step:
             self._last_step = trainer.progress.global_step
             self.per_update.append(copy.deepcopy(trainer.get_model().state_dict()))
@@ -97,9 +99,17 @@ def early_stopping(out: Path) -> dict[str, Any]:
 
 def ema(out: Path) -> dict[str, Any]:
     decay = 0.9
-    ema_callback, recorder = ModelEmaCallback(decay=decay, save_path=out / "ema.pt", load_saved_checkpoint=False), Recorder()
+    ema_callback, recorder = (
+        ModelEmaCallback(decay=decay, save_path=out / "ema.pt", load_saved_checkpoint=False),
+        Recorder(),
+    )
     trainer = make_trainer((ema_callback, recorder))
-    trainer.train(RegressionDataset(32), num_epochs=2, eval_dataset=RegressionDataset(22, seed=2), per_device_batch_size=4)
+    trainer.train(
+        RegressionDataset(32),
+        num_epochs=2,
+        eval_dataset=RegressionDataset(22, seed=2),
+        per_device_batch_size=4,
+    )
     by_hand = {name: tensor.clone() for name, tensor in recorder.initial.items()}
     for weights in recorder.per_update:
         by_hand = {name: decay * by_hand[name] + (1 - decay) * weights[name] for name in by_hand}
@@ -109,7 +119,9 @@ def ema(out: Path) -> dict[str, Any]:
         "num_updates": len(recorder.per_update),
         "ema_minus_hand": max_difference(ema_callback.ema_model.module.state_dict(), by_hand),
         "ema_weights": state_dict_to_lists(ema_callback.ema_model.module),
-        "model_minus_ema": max_difference(trainer.get_model().state_dict(), ema_callback.ema_model.module.state_dict()),
+        "model_minus_ema": max_difference(
+            trainer.get_model().state_dict(), ema_callback.ema_model.module.state_dict()
+        ),
         "ema_model_eval_loss_epoch": history.get_metric_values("ema_model_eval_loss_epoch"),
         "eval_loss_epoch": history.get_metric_values("eval_loss_epoch"),
         "best_epoch": ema_callback.best_epoch,

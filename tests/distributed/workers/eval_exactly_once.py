@@ -133,8 +133,11 @@ def eval_batch_size_run(trainer: Trainer) -> dict[str, Any]:
 
     trainer.callback_handler.add_callback(RecordEvalBatchSizes())
     trainer.train(
-        RegressionDataset(16), num_epochs=1, eval_dataset=RegressionDataset(128, seed=3, with_index=True),
-        per_device_batch_size=16, eval_dataloader_kwargs={"batch_size": 64},
+        RegressionDataset(16),
+        num_epochs=1,
+        eval_dataset=RegressionDataset(128, seed=3, with_index=True),
+        per_device_batch_size=16,
+        eval_dataloader_kwargs={"batch_size": 64},
     )
     config = trainer.run_config
     return {

@@ -23,11 +23,17 @@ from pytorch_accelerated._internal.accelerate_support import process_group_kwarg
 def fsdp_plugin(state_dict_type: str = "SHARDED_STATE_DICT", **kwargs: Any) -> FullyShardedDataParallelPlugin:
     """An FSDP2 plugin for CPU runs (no CPU RAM efficient loading: it needs a meta device init)."""
     return FullyShardedDataParallelPlugin(
-        fsdp_version=2, state_dict_type=state_dict_type, cpu_ram_efficient_loading=False, reshard_after_forward=True, **kwargs
+        fsdp_version=2,
+        state_dict_type=state_dict_type,
+        cpu_ram_efficient_loading=False,
+        reshard_after_forward=True,
+        **kwargs,
     )
 
 
-def fsdp_accelerator_on_cpu(plugin: FullyShardedDataParallelPlugin | None = None, **kwargs: Any) -> Accelerator:
+def fsdp_accelerator_on_cpu(
+    plugin: FullyShardedDataParallelPlugin | None = None, **kwargs: Any
+) -> Accelerator:
     """A real Accelerator whose engine is FSDP, on the CPU group this process belongs to."""
     plugin = plugin or fsdp_plugin()
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, kwargs_handlers=process_group_kwargs(), **kwargs)

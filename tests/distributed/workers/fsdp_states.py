@@ -49,8 +49,13 @@ def full_weights(trainer: Trainer) -> dict[str, Any]:
 def full_optimizer_state(trainer: Trainer) -> dict[str, Any]:
     """The whole optimizer state by parameter name (gathered on process 0; every process calls this)."""
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    state = get_optimizer_state_dict(trainer.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {name: {key: value.double().tolist() for key, value in values.items()} for name, values in state.get("state", {}).items()}
+    state = get_optimizer_state_dict(
+        trainer.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return {
+        name: {key: value.double().tolist() for key, value in values.items()}
+        for name, values in state.get("state", {}).items()
+    }
 
 
 def one_process_group() -> None:
@@ -59,7 +64,14 @@ def one_process_group() -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
 
 
 class WatchWeights(TrainerCallback):
@@ -77,14 +89,20 @@ class WatchWeights(TrainerCallback):
 
     def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
         if trainer.progress.global_step == SAVED_STEP and self.at_saved_step is None:
-            self.at_saved_step = {"weights": full_weights(trainer), "optimizer": full_optimizer_state(trainer)}
+            self.at_saved_step = {
+                "weights": full_weights(trainer),
+                "optimizer": full_optimizer_state(trainer),
+            }
 
 
 def try_async_save(trainer: Trainer, target: Path) -> dict[str, Any]:
     try:
         trainer.save_training_state(target, asynchronous=True)
     except ValueError as error:
-        return {"message": str(error), "written": target.exists() or target.parent.joinpath(f".{target.name}.incomplete").exists()}
+        return {
+            "message": str(error),
+            "written": target.exists() or target.parent.joinpath(f".{target.name}.incomplete").exists(),
+        }
     return {"message": None, "written": target.exists()}
 
 
@@ -95,9 +113,14 @@ def try_failing_save(trainer: Trainer, save_dir: Path) -> dict[str, Any]:
     saved = save_dir / "step_8"
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if rank() == 1:
-        fits = max((saved / "rng_state_1.pt").stat().st_size, (saved / "pytorch_model_fsdp_0" / "__1_0.distcp").stat().st_size)
+        fits = max(
+            (saved / "rng_state_1.pt").stat().st_size,
+            (saved / "pytorch_model_fsdp_0" / "__1_0.distcp").stat().st_size,
+        )
         limit = fits + 1024
-        assert (saved / "optimizer_0" / "__1_0.distcp").stat().st_size > limit, "the optimizer shard must not fit"
+        assert (saved / "optimizer_0" / "__1_0.distcp").stat().st_size > limit, (
+            "the optimizer shard must not fit"
+        )
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     try:
         trainer.save_training_state(save_dir / "failed")
@@ -112,16 +135,31 @@ def run(args: Any, save_dir: str, resume_from: str) -> tuple[Trainer, dict[str, 
     """The run of the module docstring, saving into ``save_dir``, resumed from ``resume_from`` if given."""
     model = make_mlp()
     watch = WatchWeights()
-    callbacks = (*get_default_callbacks(progress_bar=False), SaveTrainingStateCallback(save_dir, save_every_n_steps=4), watch)
-    trainer_class = type("FSDPTrainer", (FSDPOnCPUTrainer,), {"state_dict_type": args.state_dict_type}) if args.engine == "fsdp" else Trainer
-    trainer = trainer_class(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.01), callbacks=callbacks)
+    callbacks = (
+        *get_default_callbacks(progress_bar=False),
+        SaveTrainingStateCallback(save_dir, save_every_n_steps=4),
+        watch,
+    )
+    trainer_class = (
+        type("FSDPTrainer", (FSDPOnCPUTrainer,), {"state_dict_type": args.state_dict_type})
+        if args.engine == "fsdp"
+        else Trainer
+    )
+    trainer = trainer_class(
+        model,
+        nn.MSELoss(),
+        torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.01),
+        callbacks=callbacks,
+    )
     trainer.train(
         RegressionDataset(40, seed=1),
         num_epochs=3,
         eval_dataset=RegressionDataset(12, seed=2),
         per_device_batch_size=4,
         max_grad_norm=1.0,
-        create_scheduler_fn=CosineLrScheduler.create_scheduler_fn(num_warmup_epochs=1, warmup_starting_lr=1e-3),
+        create_scheduler_fn=CosineLrScheduler.create_scheduler_fn(
+            num_warmup_epochs=1, warmup_starting_lr=1e-3
+        ),
         resume_from=resume_from or None,
         seed=7,
     )

@@ -37,7 +37,9 @@ RUN = {"per_device_batch_size": 8, "gradient_accumulation_steps": 2}
 
 def new_trainer(trainer_class: type[Trainer], seed: int = 0, **kwargs: Any) -> Trainer:
     model = common.make_mlp(seed)
-    return trainer_class(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.05), callbacks=(), **kwargs)
+    return trainer_class(
+        model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.05), callbacks=(), **kwargs
+    )
 
 
 def losses(trainer: Trainer) -> dict[str, list[float]]:
@@ -63,7 +65,11 @@ def runs(trainer_class: type[Trainer], out: Path, name: str) -> dict[str, Any]:
     result["predictions"] = trainer.predict(EVAL).flatten().tolist()
     result["model"] = {
         "class": type(trainer.get_model()).__name__,
-        "sharded": [isinstance(parameter, DTensor) for group in trainer.optimizer.param_groups for parameter in group["params"]],
+        "sharded": [
+            isinstance(parameter, DTensor)
+            for group in trainer.optimizer.param_groups
+            for parameter in group["params"]
+        ],
         "last_grad_norm": float(trainer.last_grad_norm),  # type: ignore[arg-type]
     }
     if name == "ddp":  # the epoch that the FSDP trainer continues with after loading ddp.pt
@@ -130,7 +136,10 @@ def main() -> None:
     out = args.out
     warned = dropped_fsdp_warnings()
     if common.rank() == 0:  # a file that does not fit the model: a first layer of 6 inputs
-        torch.save({"model_state_dict": {**common.make_mlp().state_dict(), "0.weight": torch.zeros(8, 6)}}, out / "wrong_shapes.pt")
+        torch.save(
+            {"model_state_dict": {**common.make_mlp().state_dict(), "0.weight": torch.zeros(8, 6)}},
+            out / "wrong_shapes.pt",
+        )
     result: dict[str, Any] = {"dropped_fsdp_warnings": warned, "ddp": runs(Trainer, out, "ddp")}
     result["fsdp"] = runs(FSDPOnCPUTrainer, out, "fsdp")
     result["loaded"] = load_into_fsdp(out)

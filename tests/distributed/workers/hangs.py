@@ -45,7 +45,9 @@ class Inject(TrainerCallback):
             self.done = True
             self.action(trainer)
 
-    def on_train_step_end(self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
+    ) -> None:
         if is_update_step:
             self._reached(trainer, "on_train_step_end")
 
@@ -56,7 +58,9 @@ class Inject(TrainerCallback):
 def train(out: Path, inject: Inject, **saver_kwargs: Any) -> Trainer:
     model = make_mlp(seed=0)
     saver = SaveTrainingStateCallback(out / "states", **saver_kwargs)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(inject, saver))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(inject, saver)
+    )
     data = RegressionDataset(32)
     trainer.train(data, num_epochs=2, eval_dataset=RegressionDataset(16, seed=2), per_device_batch_size=2)
     return trainer
@@ -144,7 +148,9 @@ def main() -> None:
         train(args.out, inject, save_at_end=False)
         write_result(args.out, {"finished": True})  # never reached: rank 1 dies, rank 0 is ended
     else:
-        fail_and_linger(args.out, {"raise_in_train": "on_train_step_end", "raise_in_eval": "on_eval_step_end"}[args.mode])
+        fail_and_linger(
+            args.out, {"raise_in_train": "on_train_step_end", "raise_in_eval": "on_eval_step_end"}[args.mode]
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, get_default_callbacks
 
-ONSETS = tuple(range(1, 13))  # the update (counted from 1) whose loss is the first NaN: every update of the 12 of an epoch
+ONSETS = tuple(
+    range(1, 13)
+)  # the update (counted from 1) whose loss is the first NaN: every update of the 12 of an epoch
 
 
 class NaNOnRank1From(Trainer):

@@ -43,13 +43,21 @@ def main() -> None:
     directory = args.out / "epoch_2"
     model = make_mlp(seed=0)
     # First: the Trainer sets up the process group (a second Accelerator shares it).
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), callbacks=())
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), callbacks=()
+    )
     saved_draws = write_original_state(directory)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = trainer.load_training_state(directory)
         draws = torch.rand(2).tolist()
-        trainer.train(RegressionDataset(32), num_epochs=3, per_device_batch_size=4, create_scheduler_fn=CREATE, resume_from=directory)
+        trainer.train(
+            RegressionDataset(32),
+            num_epochs=3,
+            per_device_batch_size=4,
+            create_scheduler_fn=CREATE,
+            resume_from=directory,
+        )
     write_result(args.out, {
         "loaded": loaded,
         "rng_restored": draws == saved_draws,

@@ -82,7 +82,9 @@ def main() -> None:
     args = parse_args({"phase": "save", "state-dir": "", "save-at": 3})
     model = make_mlp(seed=0)
     recorder = Record(args.phase, args.save_at, args.state_dir)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(recorder,))
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=1e-2), callbacks=(recorder,)
+    )
     trainer.train(
         RegressionDataset(NUM_SAMPLES, seed=1, with_index=True),
         num_epochs=2,
@@ -93,7 +95,11 @@ def main() -> None:
     config = trainer.run_config
     write_result(
         args.out,
-        {**recorder.result, "num_processes": config.num_processes, "final_progress": trainer.progress.state_dict()},
+        {
+            **recorder.result,
+            "num_processes": config.num_processes,
+            "final_progress": trainer.progress.state_dict(),
+        },
     )
 
 

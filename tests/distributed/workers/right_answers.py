@@ -39,7 +39,12 @@ class TokenTrainer(Trainer):
         per_sample = ((self.model(x) - y) ** 2).mean(dim=1)
         items = counts.sum()
         count: Any = {"int": int(items.item()), "0d": items, "1element": items.reshape(1)}[self.kind]
-        return {"loss": (per_sample * counts).sum() / items, "model_outputs": None, "batch_size": len(x), "num_items_in_batch": count}
+        return {
+            "loss": (per_sample * counts).sum() / items,
+            "model_outputs": None,
+            "batch_size": len(x),
+            "num_items_in_batch": count,
+        }
 
 
 class IndexStream(IterableDataset):
@@ -105,10 +110,16 @@ def main() -> None:
 
     gathered = Gathered()
     model = make_mlp(seed=0)
-    trainer = Trainer(model, nn.MSELoss(), None, callbacks=(*get_default_callbacks(progress_bar=True), gathered))
+    trainer = Trainer(
+        model, nn.MSELoss(), None, callbacks=(*get_default_callbacks(progress_bar=True), gathered)
+    )
     for num_samples in (1, 3, 33):
         loss = trainer.evaluate(IndexStream(num_samples, seed=2), per_device_batch_size=4)["evaluation_loss"]
-        result[f"eval_stream_{num_samples}"] = {"loss": loss, "indices": gathered.indices, "predictions": gathered.predictions}
+        result[f"eval_stream_{num_samples}"] = {
+            "loss": loss,
+            "indices": gathered.indices,
+            "predictions": gathered.predictions,
+        }
 
     # An unseeded split draws differently on each process (here: a different seed per rank).
     torch.manual_seed(1000 + rank())
@@ -120,7 +131,9 @@ def main() -> None:
     result["length_error"] = error_of(lambda: trainer.train(different, num_epochs=1))
     result["evaluate_error"] = error_of(lambda: trainer.evaluate(different))
     seeded = random_split(RegressionDataset(40), [30, 10], generator=torch.Generator().manual_seed(0))
-    result["seeded_split_error"] = error_of(lambda: trainer.train(seeded[0], num_epochs=1, eval_dataset=seeded[1]))
+    result["seeded_split_error"] = error_of(
+        lambda: trainer.train(seeded[0], num_epochs=1, eval_dataset=seeded[1])
+    )
     result["world_size"] = dist.get_world_size() if dist.is_initialized() else 1
     write_result(args.out, result)
 

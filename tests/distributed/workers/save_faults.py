@@ -43,7 +43,9 @@ def new_trainer() -> Trainer:
 
 
 def train(trainer: Trainer, **kwargs: Any) -> None:
-    trainer.train(RegressionDataset(16), num_epochs=kwargs.pop("num_epochs", 1), per_device_batch_size=4, **kwargs)
+    trainer.train(
+        RegressionDataset(16), num_epochs=kwargs.pop("num_epochs", 1), per_device_batch_size=4, **kwargs
+    )
 
 
 def send_sigint(signum: int, frame: Any) -> None:
@@ -113,7 +115,12 @@ def resume_past_a_damaged_rank_file(out: Path) -> dict[str, Any]:
         damaged.write_bytes(damaged.read_bytes()[:100])
     trainer.accelerator.wait_for_everyone()
     start = RecordStart()
-    resumed = Trainer(resumed_model := make_mlp(), nn.MSELoss(), torch.optim.Adam(resumed_model.parameters()), callbacks=[start])
+    resumed = Trainer(
+        resumed_model := make_mlp(),
+        nn.MSELoss(),
+        torch.optim.Adam(resumed_model.parameters()),
+        callbacks=[start],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(resumed, num_epochs=3, resume_from=out / "fallback")
@@ -128,7 +135,11 @@ def main() -> None:
     trainer.save_training_state(args.out / "states" / "step-1")
     trainer.save_checkpoint(args.out / "model.pt", checkpoint_kwargs={"version": 1})
     cases = args.cases.split(",")
-    results = {case: run_case(trainer, case, args.out, args.fault_rank) for case in cases if case != "damaged_rank_file"}
+    results = {
+        case: run_case(trainer, case, args.out, args.fault_rank)
+        for case in cases
+        if case != "damaged_rank_file"
+    }
     if "damaged_rank_file" in cases:
         results["damaged_rank_file"] = resume_past_a_damaged_rank_file(args.out)
     write_result(args.out, results)

@@ -25,7 +25,9 @@ class RecordLearningRates(TrainerCallback):
         self.after_updates: list[float] = []
         self.seen_step = 0
 
-    def on_train_step_end(self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
         if trainer.progress.global_step != self.seen_step:
             self.seen_step = trainer.progress.global_step
             self.after_updates.append(trainer.optimizer.param_groups[0]["lr"])
@@ -62,5 +64,9 @@ if __name__ == "__main__":
     args = parse_args()
     write_result(
         args.out,
-        {f"{name}-{accumulation}": run(name, accumulation) for name in ("cosine", "wsd") for accumulation in (1, 2)},
+        {
+            f"{name}-{accumulation}": run(name, accumulation)
+            for name in ("cosine", "wsd")
+            for accumulation in (1, 2)
+        },
     )

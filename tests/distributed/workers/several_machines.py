@@ -44,11 +44,15 @@ class SaveMidEpoch(TrainerCallback):
 
 def new_trainer(cls: type[Trainer], seed: int, callbacks: tuple[Any, ...] = ()) -> Trainer:
     model = make_mlp(seed)
-    return cls(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), callbacks=callbacks)
+    return cls(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), callbacks=callbacks
+    )
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    return all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
 
 
 def default_save_error() -> str:
@@ -99,7 +103,9 @@ def main() -> None:
     loaded.load_checkpoint("checkpoints/per-node.pt")
     result.update(
         node_rank=trained.accelerator.state.process_index,
-        files=sorted(str(path.relative_to("checkpoints")) for path in Path("checkpoints").rglob("*") if path.is_file()),
+        files=sorted(
+            str(path.relative_to("checkpoints")) for path in Path("checkpoints").rglob("*") if path.is_file()
+        ),
         resumed_equal=same_weights(resumed.get_model(), trained.get_model()),
         resumed_global_step=resumed.progress.global_step,
         loaded_equal=same_weights(loaded.get_model(), trained.get_model()),
