@@ -11,14 +11,12 @@ The house, read top-down (each layer imports only the layers below it)::
                         evaluation, limits, training_state (saving states, preemption),
                         wsd_checkpoints, sync_batchnorm, trackers
                         (TrackingCallback, CSVTracker), plotting (PlotRunCallback)
-    checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
-                        directories), finite (no NaN is ever written), state_checks (every
-                        file checked before anything is loaded), original_states (reading
-                        0.1.x training states), reshard (resuming mid-epoch on another number
-                        of processes), collective_saves (who writes, and every process
-                        agreeing on a save's outcome), model_files (single-file checkpoints),
-                        sharded (training states of FSDP models, saved and loaded in shards),
-                        trainer_io (the Trainer's save and load methods, training states)
+    checkpoints/        store (TrainingStateStore: saving, waiting for, loading and resuming
+                        training states), layouts (one class per kind of state directory:
+                        plain, sharded, 0.1.x), training_objects (what a state saves), files,
+                        directories, discovery, background, rng, finite, state_checks,
+                        collective_saves, resume, reshard, sharded, original_states,
+                        model_files, trainer_io (listed in the package's own docstring)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
                         them under 0.1.61's module paths

@@ -54,7 +54,7 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     TrainerCallback,
 )
 from .callbacks.limits import limit_batches_callback_from_env
-from .checkpoints import trainer_io
+from .checkpoints.store import TrainingStateStore
 from .checkpoints.trainer_io import CheckpointMethods
 from .data import (
     batches_per_epoch,
@@ -131,6 +131,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
         check_accelerator(self._accelerator)
+        self.state_store = TrainingStateStore(self._accelerator)
         if self._accelerator.num_processes > 1:
             destroy_process_group_at_exit()
         if env_limit is not None:
@@ -141,8 +142,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self.train_dataset: Any = None
         self.eval_dataset: Any = None
         self.run_config: TrainerRunConfig | None = None
-        self.progress = RunProgress()
-        self.run_state = RunState()
+        self.progress, self.run_state = RunProgress(), RunState()
         self.last_grad_norm: torch.Tensor | None = None
         self._train_dataloader: Any = None
         self._eval_dataloader: Any = None
@@ -273,7 +273,8 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
             self._accelerator, self.run_config.train_per_device_batch_size
         )
         if resume_from is not None:
-            trainer_io.resume_training(self, resume_from)  # through the overridable load_training_state
+            with self.state_store.resuming():  # through the overridable load_training_state
+                self.load_training_state(resume_from)
             check_something_left_to_train(self.progress, self.run_config, resume_from)
 
     def _start_run(
@@ -413,7 +414,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         except StopTrainingError as error:
             self.print(f"{stopped} before it started: {error}")
             return
-        with self._announcing_failures(), trainer_io.finishing_background_saves(self):
+        with self._announcing_failures(), self.state_store.finishing_run():
             try:
                 body()
             except StopTrainingError as error:
@@ -446,7 +447,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         """Start the run, then run every epoch: train, evaluate, ``training_run_epoch_end``, until
         ``num_epochs`` or ``max_num_train_steps``. (``train()`` handles stops and failures.)"""
         self._run_method_then_event("training_run_start")
-        trainer_io.apply_pending_resume(self)
+        self.state_store.apply_pending_resume(self.run_state, self.callback_handler)
         while self.progress.epoch < self._config().num_epochs:
             if not self.run_state.epoch_trained:  # trained already when resumed during evaluation
                 self._run_train_epoch(self._train_dataloader)

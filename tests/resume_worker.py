@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-import pytorch_accelerated.checkpoints.state_dirs
+import pytorch_accelerated.checkpoints.directories
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback, get_default_callbacks
 from pytorch_accelerated.schedulers import CosineLrScheduler
@@ -200,7 +200,7 @@ def history_of(trainer: Trainer) -> dict[str, Any]:
 
 def slow_down_save(nth: int) -> None:
     """Make the ``nth`` save write half of ``model.pt``, then announce it and sleep."""
-    original = pytorch_accelerated.checkpoints.state_dirs.write_file
+    original = pytorch_accelerated.checkpoints.directories.write_file
     model_files_written = 0
 
     def write_file(obj: Any, path: Path) -> None:
@@ -216,7 +216,7 @@ def slow_down_save(nth: int) -> None:
                 time.sleep(PAUSE_S)
         original(obj, path)
 
-    pytorch_accelerated.checkpoints.state_dirs.write_file = write_file
+    pytorch_accelerated.checkpoints.directories.write_file = write_file
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from torch.utils.data import TensorDataset
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
-from pytorch_accelerated.checkpoints.state_dirs import list_complete_states
+from pytorch_accelerated.checkpoints.discovery import list_complete_states
 
 #: scenario -> (signal, the event to wait in, which occurrence of it, save_at_end)
 SCENARIOS: dict[str, tuple[signal.Signals, str, int, bool]] = {

@@ -22,7 +22,7 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
 )
 from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
-from pytorch_accelerated.checkpoints.state_dirs import list_complete_states
+from pytorch_accelerated.checkpoints.discovery import list_complete_states
 
 
 def early_stopping() -> EarlyStoppingCallback:

@@ -29,7 +29,7 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
-from pytorch_accelerated.checkpoints.state_dirs import MANIFEST, read_manifest
+from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 
 SAVE_FAULTS_WORKER = Path(__file__).parent / "distributed" / "workers" / "save_faults.py"
 

@@ -28,7 +28,8 @@ import torch
 from helpers import EventRecorder, finished_but_aborted_at_teardown, free_port, subprocess_env
 
 from pytorch_accelerated.callbacks import TrainerCallback
-from pytorch_accelerated.checkpoints.state_dirs import list_complete_states, read_manifest, resolve_state_dir
+from pytorch_accelerated.checkpoints.directories import read_manifest
+from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
 
 WORKER = Path(rw.__file__).resolve()
 REPO_ROOT = WORKER.parents[1]

@@ -75,6 +75,29 @@ def mean_over_processes(accelerator: Accelerator, total: Any, count: Any) -> flo
     return summed_total / summed_count if summed_count else float("nan")
 
 
+def per_process(accelerator: Accelerator, values: Any) -> list[list[float]]:
+    """Every process's ``values`` (numbers, or a device tensor: the same length on every process),
+    one row per process, known on every process: one all-gather and one host read."""
+    row = torch.as_tensor(values, dtype=torch.float32, device=accelerator.device).reshape(1, -1)
+    if accelerator.num_processes > 1:
+        row = accelerator.gather(row)
+    return row.tolist()
+
+
+def ranks_where(accelerator: Accelerator, flag: bool | torch.Tensor) -> list[int]:
+    """The processes on which ``flag`` is true, the same list on every process (a collective:
+    every process must call this)."""
+    return [rank for rank, (value,) in enumerate(per_process(accelerator, flag)) if value]
+
+
+def print_once_per_node(accelerator: Accelerator, *args: Any, **kwargs: Any) -> None:
+    """``print`` on each node's main process, above any open tqdm progress bar (which is
+    cleared first and redrawn below the text, so the text starts on a line of its own)."""
+    if accelerator.is_local_main_process:
+        with tqdm.external_write_mode(file=kwargs.get("file")):
+            builtins.print(*args, **kwargs)
+
+
 class ProcessUtilities:
     """The Trainer's methods about processes and devices: where it runs, who is the main
     process, printing once, gathering, agreeing on a flag (a base class of the Trainer)."""
@@ -110,9 +133,7 @@ class ProcessUtilities:
         tqdm bar is drawn on the same terminal, the bar is cleared first and redrawn below the
         printed text, so the text starts on a line of its own.
         """
-        if self._accelerator.is_local_main_process:
-            with tqdm.external_write_mode(file=kwargs.get("file")):
-                builtins.print(*args, **kwargs)
+        print_once_per_node(self._accelerator, *args, **kwargs)
 
     def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
         """Concatenate ``tensor`` from every process along dim 0.
@@ -163,10 +184,7 @@ class ProcessUtilities:
 
     def any_process(self, flag: bool | torch.Tensor) -> bool:
         """True on every process if ``flag`` is true on any (a collective: all must call it)."""
-        value = torch.as_tensor(flag, dtype=torch.float32, device=self.device).reshape(1)
-        if self._accelerator.num_processes > 1:
-            value = self._accelerator.reduce(value, reduction="sum")
-        return bool(value.item() > 0)
+        return bool(ranks_where(self._accelerator, flag))
 
     def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
         """Return the model without its distributed wrappers."""

@@ -102,7 +102,7 @@ class TerminateOnNaNCallback(TrainerCallback):
             raise StopTrainingError("non-finite evaluation loss")
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
-        if trainer.any_process(non_finite_loss_flag(trainer)):
+        if trainer.any_process(non_finite_loss_flag(trainer.run_state.train_loss.running_total)):
             self.triggered = True
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "

@@ -14,8 +14,9 @@ from .._internal.accelerate_support import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
+from ..checkpoints.directories import MANIFEST, read_manifest
+from ..checkpoints.discovery import list_complete_states
 from ..checkpoints.finite import NonFiniteStateError
-from ..checkpoints.state_dirs import MANIFEST, list_complete_states, read_manifest
 from .events import StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:

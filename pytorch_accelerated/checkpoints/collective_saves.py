@@ -5,16 +5,14 @@ leaves nothing half-written behind.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from . import files, state_dirs
-
-if TYPE_CHECKING:
-    from ..trainer import Trainer
+from .._internal.distributed import ranks_where
+from . import files
 
 
 def attempt(action: Callable[..., Any], *args: Any) -> Exception | None:
@@ -27,46 +25,45 @@ def attempt(action: Callable[..., Any], *args: Any) -> Exception | None:
     return None
 
 
-def failed_ranks(trainer: Trainer, failed: bool) -> list[int]:
-    """The processes on which ``failed`` is true, known on every process (a collective)."""
-    accelerator = trainer.accelerator
-    if accelerator.num_processes == 1:
-        return [0] if failed else []
-    flags = accelerator.gather(torch.tensor([float(failed)], device=trainer.device))
-    return [rank for rank, flag in enumerate(flags.tolist()) if flag]
+@dataclass(frozen=True)
+class CollectiveSave:
+    """One save that every process takes part in: ``what`` (e.g. "the checkpoint") written to
+    ``target``. ``kept`` says what a failed save leaves as it was; ``clean_up`` removes what a
+    failed step left behind."""
 
+    accelerator: Any
+    what: str
+    target: Path
+    kept: str
+    clean_up: Callable[[], None] | None = None
 
-def agree_on_save(trainer: Trainer, error: Exception | None, what: str, target: Path) -> None:
-    """Raise on every process if a step of saving ``what`` to ``target`` failed on any.
+    def agree(self, error: Exception | None) -> None:
+        """Raise on every process if this step of the save failed on any.
 
-    The process that failed raises its own error, as a :class:`files.CheckpointWriteError`
-    naming ``target`` and the OS error when there was one; the others say which process failed.
-    """
-    failed = failed_ranks(trainer, error is not None)
-    if not failed:
-        return
-    if what == "the training state":
-        state_dirs.remove_temporary(target)
-    intact = (
-        "the previous states are intact"
-        if what == "the training state"
-        else "an earlier file there is unchanged"
-    )
-    if error is None:
-        raise files.CheckpointWriteError(
-            None,
-            f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-            f"write it (its output says why). Nothing was written; {intact}.",
-            target,
-        )
-    if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
-        raise files.CheckpointWriteError(
-            error.errno,
-            f"Could not save {what} to {target}: {error.message}. Nothing was written; "
-            f"{intact}. {files.write_hint(error, target)}",
-            target,
-        ) from error
-    raise error
+        The process that failed raises its own error, as a :class:`files.CheckpointWriteError`
+        naming the target and the OS error when there was one; the others say which process failed.
+        """
+        failed = ranks_where(self.accelerator, error is not None)
+        if not failed:
+            return
+        if self.clean_up is not None:
+            self.clean_up()
+        what, target = self.what, self.target
+        if error is None:
+            raise files.CheckpointWriteError(
+                None,
+                f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
+                f"write it (its output says why). Nothing was written; {self.kept}.",
+                target,
+            )
+        if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
+            raise files.CheckpointWriteError(
+                error.errno,
+                f"Could not save {what} to {target}: {error.message}. Nothing was written; "
+                f"{self.kept}. {files.write_hint(error, target)}",
+                target,
+            ) from error
+        raise error
 
 
 def saves_on_each_node(accelerator: Any) -> bool:
@@ -80,4 +77,23 @@ def writes_shared_files(accelerator: Any) -> bool:
     """Whether this process writes a state's shared files (model, optimizer, ...) and publishes it."""
     return bool(
         accelerator.is_local_main_process if saves_on_each_node(accelerator) else accelerator.is_main_process
+    )
+
+
+def unshared_directory_error(
+    accelerator: Any, temporary: Path, error: Exception | None = None
+) -> Exception | None:
+    """``error``; or, when this process cannot see the hidden directory ``temporary`` that the
+    main process created (the nodes share no file system), an error that says so and how to save
+    on each node: a background save's publisher would otherwise wait for this process's files
+    there until the collective timeout."""
+    if temporary.is_dir() or saves_on_each_node(accelerator):
+        return error
+    return files.CheckpointWriteError(
+        getattr(error, "errno", None) or errno.ENOENT,
+        f"process {accelerator.process_index} cannot see the directory {temporary} that the main process "
+        f"created: this node does not share the main process's file system. Save on each node: set "
+        f"accelerator.project_configuration.save_on_each_node = True in the Trainer's _create_accelerator "
+        f"(see 'Several machines' in docs/launching.md)",
+        temporary,
     )

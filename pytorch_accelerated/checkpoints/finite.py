@@ -5,7 +5,8 @@ rotation would delete the good states to make room for it. So every save (traini
 single-file checkpoints, and through them save-best, EMA, WSD and save-at-end) checks, at save
 time, that the weights it is about to write and the training loss since the epoch began are
 finite; when they are not, nothing is written and :class:`NonFiniteStateError` ends the run as
-``TerminateOnNaNCallback`` would. Knows nothing of the Trainer beyond its public attributes.
+``TerminateOnNaNCallback`` would. Knows nothing of the Trainer: it is given the model and the
+loss.
 
 The training loss needs no bookkeeping of its own: the Trainer sums each step's loss on the
 device (``trainer.run_state.train_loss.running_total``), and that sum is NaN or infinite once
@@ -17,16 +18,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from .._internal.accelerate_support import is_dtensor
+from .._internal.distributed import per_process
 from .._internal.errors import StopTrainingError
-
-if TYPE_CHECKING:
-    from ..trainer import Trainer
 
 
 class NonFiniteStateError(StopTrainingError):
@@ -55,13 +54,12 @@ def non_finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     return torch.cat([maximum.reshape(1).to(device) for maximum in maxima]).isfinite().all().logical_not()
 
 
-def non_finite_loss_flag(trainer: Trainer) -> torch.Tensor | bool:
+def non_finite_loss_flag(loss_total: Any) -> torch.Tensor | bool:
     """True (a device tensor, no host read) when a training loss of the current epoch was NaN
-    or infinite on this process: their weighted sum, kept by the Trainer, then is too."""
-    total = trainer.run_state.train_loss.running_total
-    if isinstance(total, torch.Tensor):
-        return total.detach().isfinite().logical_not()
-    return not math.isfinite(float(total))
+    or infinite on this process: ``loss_total``, the epoch's weighted sum of them, then is too."""
+    if isinstance(loss_total, torch.Tensor):
+        return loss_total.detach().isfinite().logical_not()
+    return not math.isfinite(float(loss_total))
 
 
 def state_is_finite(state: Mapping[str, Any]) -> bool:
@@ -70,32 +68,31 @@ def state_is_finite(state: Mapping[str, Any]) -> bool:
     return flag is None or not bool(flag.item())
 
 
-def check_finite_before_save(trainer: Trainer, model: nn.Module | None, what: str) -> None:
-    """Raise :class:`NonFiniteStateError` on every process if the weights of ``model`` (default:
-    the Trainer's; parameters and floating-point buffers) or this epoch's training loss are not
-    finite on any process.
+def check_finite_before_save(
+    accelerator: Any, model: nn.Module, loss_total: Any, step: int, what: str
+) -> None:
+    """Raise :class:`NonFiniteStateError` on every process if the weights of ``model``
+    (parameters and floating-point buffers) or the epoch's training loss (``loss_total``, its
+    sum) are not finite on any process.
 
-    ``what`` names what would have been written (e.g. ``"the training state 'states/step-8'"``);
-    the error names it, the step, what was not finite and on which process. A collective
+    ``what`` names what would have been written (e.g. ``"the training state 'states/step_8'"``);
+    the error names it, the ``step``, what was not finite and on which process. A collective
     (every process must call it, as every save is); one host read.
     """
-    source = trainer.model if model is None else model
-    weights = non_finite_flag(itertools.chain(source.parameters(), source.buffers()))
-    device = trainer.device
-    flags = torch.zeros(2, device=device)
+    weights = non_finite_flag(itertools.chain(model.parameters(), model.buffers()))
+    flags = torch.zeros(2, device=accelerator.device)
     if weights is not None:
-        flags[0] = weights.to(device)
-    flags[1] = torch.as_tensor(non_finite_loss_flag(trainer), device=device)
-    # One row per process, read once: which processes saw what.
-    rows = trainer.accelerator.gather(flags).reshape(-1, 2).tolist()
+        flags[0] = weights.to(accelerator.device)
+    flags[1] = torch.as_tensor(non_finite_loss_flag(loss_total), device=accelerator.device)
+    rows = per_process(accelerator, flags)  # one row per process, read once: which processes saw what
     if any(value > 0 for row in rows for value in row):
-        raise NonFiniteStateError(_refusal(trainer, what, rows))
+        raise NonFiniteStateError(_refusal(what, step, rows))
 
 
 _REASONS = ("the weights hold NaN or infinity", "the training loss of this epoch was NaN or infinite")
 
 
-def _refusal(trainer: Trainer, what: str, rows: list[list[float]]) -> str:
+def _refusal(what: str, step: int, rows: list[list[float]]) -> str:
     """The one line that says what was not saved, at which step, and why (on which processes)."""
     reasons = []
     for column, reason in enumerate(_REASONS):
@@ -103,6 +100,6 @@ def _refusal(trainer: Trainer, what: str, rows: list[list[float]]) -> str:
         if ranks:
             reasons.append(reason + (f" (on process {', '.join(ranks)})" if len(rows) > 1 else ""))
     return (
-        f"Not saving {what} at step {trainer.progress.global_step}: {' and '.join(reasons)}; "
+        f"Not saving {what} at step {step}: {' and '.join(reasons)}; "
         f"nothing was written, and what was saved before is kept."
     )

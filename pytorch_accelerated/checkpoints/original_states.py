@@ -39,7 +39,7 @@ class OriginalState:
     checkpoint_kwargs: dict[str, Any]
     model: dict[str, Any]
     objects: dict[str, Any]  # our file names (optimizer.pt, scheduler.pt, scaler.pt) -> state dict
-    rng: dict[str, Any] | None  # in the layout of state_dirs.capture_rng_states; None: not restorable
+    rng: dict[str, Any] | None  # in the layout of rng.capture_rng_states; None: not restorable
 
 
 def is_original_state(directory: Path) -> bool:
@@ -140,7 +140,7 @@ def _numpy_array_types() -> list[Any]:
 
 def _to_our_rng_layout(saved: dict[str, Any]) -> dict[str, Any]:
     """accelerate's RNG file (``random_state``, ``numpy_random_seed``, ``torch_manual_seed``,
-    ``torch_cuda_manual_seed``) in the layout that :func:`state_dirs.restore_rng_states` takes."""
+    ``torch_cuda_manual_seed``) in the layout that :func:`.rng.restore_rng_states` takes."""
     states: dict[str, Any] = {"python": saved["random_state"], "torch": saved["torch_manual_seed"]}
     if "torch_cuda_manual_seed" in saved:
         states["cuda"] = saved["torch_cuda_manual_seed"]

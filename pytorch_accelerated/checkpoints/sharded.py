@@ -1,12 +1,18 @@
-"""Training states of sharded models (FSDP): the model and optimizer saved and loaded by every
-process, each its own shards, inside the layout of :mod:`.state_dirs`.
+"""Sharded models (FSDP2, DTensor parameters): their whole states, and their shards in training
+states. Knows nothing of the Trainer.
 
-Under accelerate's FSDP engine, :mod:`.trainer_io` writes everything else of a training state as
-usual (manifest, RNG files, trainer state, scheduler, scaler) and hands the model and optimizer
-to accelerate's ``save_fsdp_model`` / ``save_fsdp_optimizer`` (and ``load_fsdp_*``), which honour
-the plugin's ``state_dict_type`` and handle FSDP1 and FSDP2: with ``SHARDED_STATE_DICT`` they
-write ``torch.distributed.checkpoint`` (DCP) directories, one ``.distcp`` file per process and a
-``.metadata`` file::
+Whole states, for single-file checkpoints (:mod:`.model_files`) and for a plain training state
+loaded into a sharded run: the model's from accelerate's ``get_state_dict`` (or torch's
+``get_model_state_dict`` on every writer), the optimizer's from torch's
+``get_optimizer_state_dict(full_state_dict=True)``, renumbered as ``optimizer.state_dict()``
+numbers parameters; loading goes the other way (``set_model_state_dict`` /
+``set_optimizer_state_dict``), each process keeping its shards.
+
+Shards, for training states under accelerate's FSDP engine (:class:`~.layouts.ShardedLayout`):
+every process hands the model and optimizer to accelerate's ``save_fsdp_model`` /
+``save_fsdp_optimizer`` (and ``load_fsdp_*``), which honour the plugin's ``state_dict_type`` and
+handle FSDP1 and FSDP2: with ``SHARDED_STATE_DICT`` they write ``torch.distributed.checkpoint``
+(DCP) directories, one ``.distcp`` file per process and a ``.metadata`` file::
 
     step_500/
         manifest.json                 "sharded": engine, FSDP version, state_dict_type, processes
@@ -18,33 +24,168 @@ write ``torch.distributed.checkpoint`` (DCP) directories, one ``.distcp`` file p
 Before anything is loaded, :func:`check_sharded_state` checks every file the manifest lists,
 reads each DCP ``.metadata`` with an unpickler that admits only DCP's own metadata classes, and
 checks the saved keys and shapes against the model and the optimizer. DCP reshards on load, so a
-sharded state resumes on another number of processes. A state saved without FSDP loads into a
-sharded model too (through :mod:`.model_files`, by the Trainer). Knows nothing of the Trainer.
+sharded state resumes on another number of processes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import DistributedType
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
-from .._internal.accelerate_support import uses_fsdp
+from .._internal.accelerate_support import fsdp2_modules, is_dtensor, uses_fsdp
 from . import files, state_checks
-
-#: The files of a plain training state whose content a sharded state holds in shards instead.
-PLAIN_FILES = ("model.pt", "optimizer.pt")
 
 
 class ShardedStateError(ValueError):
     """A sharded training state, and a run whose configuration (no FSDP, another FSDP version or
     ``state_dict_type``) cannot load it."""
+
+
+# ---------------------------------------------------------------------------- whole states of sharded models
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """True when ``module`` is sharded by FSDP2 (``fully_shard``) or its parameters are sharded
+    ``DTensor``s (tensor parallelism)."""
+    return bool(fsdp2_modules(module)) or any(is_dtensor(parameter) for parameter in module.parameters())
+
+
+def registered_shards(module: nn.Module) -> nn.Module:
+    """``module``, with FSDP2's sharded parameters registered on it again.
+
+    FSDP2 leaves the root module's parameters gathered (whole, plain tensors) after a forward
+    pass that no backward pass follows, as in an evaluation, until its next forward pass: its
+    parameters are then not those that the optimizer holds. Resharding is local to each process.
+    """
+    for part in fsdp2_modules(module):
+        part.reshard()
+    return module
+
+
+def torch_optimizer(optimizer: Any) -> Any:
+    """The ``torch.optim`` optimizer inside accelerate's wrapper."""
+    return optimizer.optimizer if isinstance(optimizer, AcceleratedOptimizer) else optimizer
+
+
+def _holds_shards(optimizer: Any) -> bool:
+    groups = torch_optimizer(optimizer).param_groups
+    return any(is_dtensor(parameter) for group in groups for parameter in group["params"])
+
+
+def refuse_fsdp1_optimizer(accelerator: Any, optimizer: Any, method: str, argument: str) -> None:
+    """Refuse, before anything is read or written, to move a whole optimizer state in or out of
+    FSDP version 1, whose optimizer holds flattened shards: only FSDP2's is gathered here."""
+    if optimizer is None or accelerator.distributed_type != DistributedType.FSDP or accelerator.is_fsdp2:
+        return
+    raise ValueError(
+        f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
+        f"fsdp_version=1), whose optimizer holds flattened shards; only FSDP2's is supported. Use FSDP2 "
+        f"(FullyShardedDataParallelPlugin(fsdp_version=2), or `accelerate launch --use_fsdp --fsdp_version 2`), "
+        f"or pass {method}(..., {argument}=False); save_training_state saves the sharded optimizer state."
+    )
+
+
+def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> dict[str, Any]:
+    """``model``'s whole state dict, on the CPU: on the main process only (accelerate's
+    ``get_state_dict``), or on every process when ``everywhere`` (each node's writer needs it).
+    A collective for a sharded model: every process must call this."""
+    if not everywhere:
+        return cast(dict[str, Any], accelerator.get_state_dict(model))
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    plain = registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False))
+    return _on_cpu(get_model_state_dict(plain, options=StateDictOptions(full_state_dict=True)))
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` (a state dict, nested) with its tensors copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    return value
+
+
+def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: bool = False) -> dict[str, Any]:
+    """``optimizer``'s whole state, as a plain optimizer's ``state_dict()``.
+
+    Over sharded parameters (those of ``plain_model``, the unwrapped model) it is gathered (a
+    collective: every process must call this), on the CPU, by the main process only (the others
+    get an empty dict) unless ``everywhere``.
+    """
+    if not _holds_shards(optimizer):
+        return cast(dict[str, Any], optimizer.state_dict())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+    state = get_optimizer_state_dict(
+        registered_shards(plain_model), torch_optimizer(optimizer), options=options
+    )
+    return _numbered(_on_cpu(state) if everywhere else cast(dict[str, Any], state))
+
+
+def _numbered(state: dict[str, Any]) -> dict[str, Any]:
+    """A state keyed by parameter names renumbered as ``optimizer.state_dict()`` numbers the
+    parameters: 0, 1, ... through the parameter groups in order."""
+    if "param_groups" not in state:
+        return state  # not the main process: nothing gathered here
+    numbers: dict[str, int] = {}
+    for group in state["param_groups"]:
+        for name in group["params"]:
+            numbers.setdefault(name, len(numbers))
+    groups = [
+        {**group, "params": [numbers[name] for name in group["params"]]} for group in state["param_groups"]
+    ]
+    return {"state": {numbers[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer_state(plain_model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Load a plain optimizer's ``state_dict()`` (checked) into ``optimizer``; over sharded
+    parameters (those of ``plain_model``) each process keeps its shards of it (every process
+    must call this then)."""
+    if not _holds_shards(optimizer):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    model, inner = registered_shards(plain_model), torch_optimizer(optimizer)
+    names_of = {id(parameter): name for name, parameter in model.named_parameters()}
+    names = [names_of[id(parameter)] for group in inner.param_groups for parameter in group["params"]]
+    named: dict[str, Any] = {
+        "state": {names[number]: value for number, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[number] for number in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, inner, named, options=StateDictOptions(full_state_dict=True))
+    # The groups' settings exactly as saved, as load_state_dict leaves them (torch's loader
+    # turns tuples, such as AdamW's betas, into lists).
+    for group, saved in zip(inner.param_groups, state["param_groups"], strict=True):
+        group.update({key: value for key, value in saved.items() if key != "params"})
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load a full (checked) state dict into ``model``; a sharded model keeps its shards of it
+    (every process must call this then)."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(registered_shards(model), state, options=StateDictOptions(full_state_dict=True))
+
+
+# ---------------------------------------------------------------------------- shards in training states
 
 
 def sharding_record(accelerator: Any) -> dict[str, Any] | None:
@@ -146,25 +287,6 @@ def load(
         str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())
     ):
         load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
-
-
-def list_files(directory: Path) -> list[str]:
-    """Every file under ``directory``, as paths relative to it (DCP's ``.metadata`` included)."""
-    return sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
-
-
-def sync_files(directory: Path) -> None:
-    """Flush every file under ``directory`` (and the directories) to disk: accelerate writes
-    ``FULL_STATE_DICT`` files with a plain ``torch.save``; DCP flushes its own."""
-    for path in sorted(directory.rglob("*"), reverse=True):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-# ---------------------------------------------------------------------------- loading
 
 
 def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:

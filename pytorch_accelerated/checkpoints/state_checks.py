@@ -11,23 +11,13 @@ against.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from . import files, finite, reshard, state_dirs
+from . import files, reshard
 
-TRAINER_STATE_KEYS = (
-    "progress",
-    "run_history",
-    "callbacks",
-    "checkpoint_kwargs",
-    "loss_weight_unit",
-    "shuffle_seed",
-)
-PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
 PROCESS_STATE_KEYS = ("rng", "train_loss")
 RNG_KEYS = ("python", "torch")
 
@@ -42,66 +32,7 @@ class UnusableStateError(ValueError):
     NaN or infinite weights."""
 
 
-@dataclass
-class LoadedState:
-    """Every file of a training state, read and checked, ready to be loaded."""
-
-    directory: Path
-    manifest: dict[str, Any]
-    model: dict[str, Any]
-    objects: dict[str, Any]  # file name (optimizer.pt, scheduler.pt, scaler.pt) -> its state dict
-    trainer_state: dict[str, Any]
-    process_state: dict[str, Any]  # this process's RNG states and share of the epoch's loss
-
-
-def read_training_state(
-    directory: Path, model: nn.Module, targets: Mapping[str, Any], rank: int, num_processes: int | None = None
-) -> LoadedState:
-    """Read and check every file of the training state ``directory`` that this process needs.
-
-    ``targets`` maps the file names of stateful objects (``optimizer.pt``, ...) to the objects
-    they would be loaded into (None: skipped). A state saved by another number of processes
-    than ``num_processes`` (None: not checked) has every process's file read, and mapped onto
-    this one. Nothing is changed.
-
-    Raises:
-        FileNotFoundError, IsADirectoryError, files.CheckpointFileError, pickle.UnpicklingError:
-            a file that is missing or cannot be loaded. StateMismatchError: a file that does not
-            fit its object. UnusableStateError: a file that lacks what it must hold, or weights
-            that are not finite.
-    """
-    manifest = state_dirs.read_manifest(directory)
-    if manifest is None:
-        raise UnusableStateError(
-            f"{directory} is not a complete training state (its manifest is missing or unreadable)."
-        )
-    if manifest.get("finite") is False:
-        raise UnusableStateError(f"{directory} holds NaN or infinite weights (so its manifest records).")
-    listed = set(manifest.get("files", ()))
-    model_state: dict[str, Any] = {}  # a sharded state's model is checked and loaded by .sharded
-    if manifest.get("sharded") is None:
-        model_state = match_model_keys(model, _read(directory, "model.pt"))
-        check_model_state(model, model_state, str(directory))
-        if not finite.state_is_finite(model_state):
-            raise UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
-    objects = {
-        name: _read(directory, name)
-        for name, target in targets.items()
-        if name in listed and target is not None
-    }
-    for name, state in objects.items():
-        check_object_state(targets[name], state, str(directory / name))
-    trainer_state = _read(directory, "trainer_state.pt")
-    require_keys(trainer_state, TRAINER_STATE_KEYS, directory / "trainer_state.pt")
-    require_keys(trainer_state["progress"], PROGRESS_KEYS, directory / "trainer_state.pt", "progress")
-    require_keys(
-        trainer_state["run_history"], ("current_epoch",), directory / "trainer_state.pt", "run_history"
-    )
-    process_state = _read_process_state(directory, manifest, rank, num_processes)
-    return LoadedState(directory, manifest, model_state, objects, trainer_state, process_state)
-
-
-def _read_process_state(
+def read_process_state(
     directory: Path, manifest: dict[str, Any], rank: int, num_processes: int | None
 ) -> dict[str, Any]:
     """Process ``rank``'s own state: its ``rng_state_<rank>.pt`` or, saved by another number of
@@ -114,13 +45,14 @@ def _read_process_state(
 
 
 def _read_rank_file(directory: Path, name: str) -> dict[str, Any]:
-    process_state = _read(directory, name)
+    process_state = read_file(directory, name)
     require_keys(process_state, PROCESS_STATE_KEYS, directory / name)
     require_keys(process_state["rng"], RNG_KEYS, directory / name, "rng")
     return dict(process_state)
 
 
-def _read(directory: Path, name: str) -> Any:
+def read_file(directory: Path, name: str) -> Any:
+    """The file ``name`` of the state ``directory``, loaded safely (FileNotFoundError naming it if missing)."""
     path = directory / name
     if not path.exists():
         raise FileNotFoundError(f"{directory} is missing {name}: the state was changed after it was saved.")

@@ -30,7 +30,7 @@ from conftest import WorkerRun, load_worker_module, start_workers
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.checkpoints import sharded, state_checks, state_dirs
+from pytorch_accelerated.checkpoints import directories, sharded, state_checks
 
 pytestmark = pytest.mark.distributed
 
@@ -88,7 +88,7 @@ def rank0(run: WorkerRun) -> dict[str, Any]:
 
 def test_a_sharded_state_lists_every_shard_and_records_how_it_was_sharded(runs: dict[str, Any]) -> None:
     state = runs["fsdp_states"] / "step_8"
-    manifest = state_dirs.read_manifest(state)
+    manifest = directories.read_manifest(state)
     assert manifest is not None and rank0(runs["fsdp"])["engine"] == "FSDP"
     assert manifest["sharded"] == {
         "engine": "FSDP",
@@ -132,7 +132,7 @@ def test_with_full_state_dict_it_saves_whole_files_from_process_0_and_resumes_ex
     runs: dict[str, Any],
 ) -> None:
     """accelerate's FULL_STATE_DICT: the model and optimizer gathered into one file each."""
-    manifest = state_dirs.read_manifest(runs["full_states"] / "step_8")
+    manifest = directories.read_manifest(runs["full_states"] / "step_8")
     assert manifest is not None and manifest["sharded"]["state_dict_type"] == "FULL_STATE_DICT"
     assert {"pytorch_model_fsdp.bin", "optimizer.bin"} <= set(manifest["files"])
     uninterrupted = rank0(runs["full"])
@@ -239,7 +239,7 @@ def damaged_copy(runs: dict[str, Any], tmp_path: Path) -> Path:
 
 def check(state: Path, model: nn.Module | None = None) -> None:
     model = model or load_worker_module("common").make_mlp()
-    manifest = state_dirs.read_manifest(state)
+    manifest = directories.read_manifest(state)
     assert manifest is not None
     sharded.check_sharded_state(state, manifest, model, torch.optim.AdamW(model.parameters()), rank=0)
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
-from pytorch_accelerated.checkpoints.state_dirs import list_complete_states
+from pytorch_accelerated.checkpoints.discovery import list_complete_states
 
 
 class Inject(TrainerCallback):

@@ -1,0 +1,148 @@
+"""Training-state directories on disk: their layout, the manifest, and atomic publication.
+
+Knows nothing of the Trainer. A training state is a directory, e.g. ``training_states/step_120``::
+
+    step_120/
+        manifest.json        written last: says the state is complete, lists its files, and records
+                             the position and settings of the run when it was saved
+        model.pt             the unwrapped model's state dict
+        optimizer.pt         optimizer state (absent when the run has none)
+        scheduler.pt         scheduler state (absent when the run has none)
+        scaler.pt            the gradient scaler's state (fp16 runs)
+        trainer_state.pt     progress, run history, callback states, ...
+        rng_state_<rank>.pt  every RNG of each process, and its share of the epoch's loss so far
+
+Which files hold the model and optimizer depends on the state's layout (:mod:`.layouts`: under FSDP
+they are written in shards). The directory is written under a hidden temporary name beside its
+final one and renamed into place only once the manifest is written, so a process killed mid-save
+leaves either the previous state or the new one, never a half-written directory that looks
+complete. A save that fails removes its temporary directory (see :func:`remove_temporary`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .files import write_failure, write_torch_file
+
+MANIFEST = "manifest.json"
+FORMAT = "pytorch-accelerated-training-state"
+VERSION = 1
+
+
+def temporary_dir_for(output_dir: Path) -> Path:
+    return output_dir.parent / f".{output_dir.name}.incomplete"
+
+
+def make_temporary_dir(output_dir: Path) -> Path:
+    """Create the empty hidden directory that a state for ``output_dir`` is written into.
+
+    Raises:
+        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file).
+    """
+    temporary = temporary_dir_for(output_dir)
+    try:
+        if temporary.exists():  # left by a save that was killed
+            shutil.rmtree(temporary)
+        temporary.mkdir(parents=True)
+    except OSError as error:
+        raise write_failure(error, temporary, "creating") from error
+    return temporary
+
+
+def remove_temporary(output_dir: Path) -> None:
+    """Remove what a failed save of ``output_dir`` left behind (nothing if it left nothing)."""
+    shutil.rmtree(temporary_dir_for(output_dir), ignore_errors=True)
+
+
+def write_file(obj: Any, path: Path) -> None:
+    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`.files.write_torch_file`)."""
+    write_torch_file(obj, path)
+
+
+def write_files(directory: Path, contents: dict[str, Any]) -> None:
+    """Write each object of ``contents`` to the file of its name in ``directory``, flushed to disk."""
+    for name, obj in contents.items():
+        write_file(obj, directory / name)
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest, then flush ``directory`` itself, so that every file's name in it is
+    on disk too before the state can be published."""
+    manifest = {"format": FORMAT, "version": VERSION, "complete": True, **manifest}
+    try:
+        with open(directory / MANIFEST, "w") as file:
+            json.dump(manifest, file, indent=2, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        raise write_failure(error, directory / MANIFEST) from error
+    _fsync_dir(directory)
+
+
+def publish(temporary: Path, output_dir: Path) -> None:
+    """Move a complete temporary directory to ``output_dir``, replacing any earlier state there.
+
+    The earlier state is moved aside first and deleted only after the new one is in place.
+    """
+    aside = output_dir.parent / f".{output_dir.name}.replaced"
+    if aside.exists():
+        shutil.rmtree(aside)
+    if output_dir.exists():
+        os.replace(output_dir, aside)
+    try:
+        os.replace(temporary, output_dir)
+    except OSError as error:
+        if aside.exists():  # put the earlier state back
+            os.replace(aside, output_dir)
+        raise write_failure(error, output_dir, "publishing") from error
+    _fsync_dir(output_dir.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a complete training state, or None if ``directory`` is not one."""
+    try:
+        with open(directory / MANIFEST) as file:
+            manifest = json.load(file)
+    except (OSError, ValueError):
+        return None
+    if manifest.get("format") != FORMAT or not manifest.get("complete"):
+        return None
+    return manifest
+
+
+def list_files(directory: Path) -> list[str]:
+    """The files of the state being written in ``directory``, as paths relative to it: every file
+    but the hidden markers at its top (a sharded layout's ``.metadata`` files are listed)."""
+    relative = (path.relative_to(directory) for path in directory.rglob("*") if path.is_file())
+    return sorted(path.as_posix() for path in relative if not path.parts[0].startswith("."))
+
+
+def sync_files(directory: Path) -> None:
+    """Flush every file under ``directory`` (and the directories) to disk: accelerate writes
+    ``FULL_STATE_DICT`` files with a plain ``torch.save``; DCP flushes its own."""
+    for path in sorted(directory.rglob("*"), reverse=True):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,84 @@
+"""Finding training states: the state a path names, or the complete ones in a folder, newest first.
+
+Knows nothing of the Trainer. A folder's states are ordered by global step, then by when they were
+written; a state is complete once its manifest says so (see :mod:`.directories`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .directories import MANIFEST, read_manifest, temporary_dir_for
+from .original_states import is_original_state
+
+
+def resolve_state_dir(path: str | os.PathLike) -> Path:
+    """Return the training state at ``path``, or the newest complete one inside it.
+
+    Raises:
+        FileNotFoundError / ValueError: with what was found, when there is no complete state.
+    """
+    return candidate_states(path)[0][0]
+
+
+def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
+    """The training states to try for ``path``, newest first, and whether ``path`` names one.
+
+    A state directory (or the one recovered from a save killed between its two renames) is the
+    only candidate, and True says so (a caller must not fall back from it); a folder gives its
+    complete states, newest (highest global step, then latest written) first, and False.
+
+    Raises:
+        FileNotFoundError / ValueError: with what was found, when there is no complete state.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        # A save that replaced a state of the same name may have been killed between its two
+        # renames: the complete new state, or else the old one, is still there under a hidden name.
+        for hidden in (temporary_dir_for(path), path.parent / f".{path.name}.replaced"):
+            if read_manifest(hidden) is not None:
+                return [hidden], True
+        raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
+    if read_manifest(path) is not None or is_original_state(path):
+        return [path], True
+    if (path / MANIFEST).exists() or (path / "model.pt").exists():
+        raise ValueError(
+            f"resume_from={str(path)!r} is an incomplete training state (its manifest is missing or "
+            f"does not say complete): the save that wrote it was interrupted. Resume from an earlier "
+            f"state, or from the parent folder to pick the newest complete one."
+        )
+    candidates = [
+        (read_manifest(child), child)
+        for child in path.iterdir()
+        if child.is_dir() and not child.name.startswith(".")
+    ]
+    complete = [
+        (manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest
+    ]
+    if not complete:
+        found = sorted(child.name for child in path.iterdir())
+        original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
+        raise ValueError(
+            f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
+            f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
+            + (
+                f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
+                f"explicitly, e.g. {str(path / original[-1])!r}."
+                if original
+                else "."
+            )
+        )
+    return [child for _, _, child in sorted(complete, reverse=True)], False
+
+
+def list_complete_states(save_dir: Path) -> list[tuple[int, Path]]:
+    """Complete training states directly inside ``save_dir``, oldest first (by global step)."""
+    if not save_dir.is_dir():
+        return []
+    states = []
+    for child in save_dir.iterdir():
+        manifest = read_manifest(child) if child.is_dir() and not child.name.startswith(".") else None
+        if manifest is not None:
+            states.append((manifest["global_step"], child))
+    return sorted(states)

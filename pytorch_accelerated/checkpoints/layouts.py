@@ -1,0 +1,370 @@
+"""Training-state layouts: one class per kind of state directory, chosen once per save or load.
+
+- :class:`PlainLayout` (here): the states this library writes (see :mod:`.directories` for the
+  files); the writing process writes the whole model and optimizer (``model.pt``, ``optimizer.pt``).
+- :class:`~.sharded.ShardedLayout`: the same, but under FSDP every process writes its shards of the
+  model and optimizer.
+- :class:`~.original_states.OriginalLayout`: directories written by pytorch-accelerated 0.1.x,
+  read only.
+
+A layout owns its files: what each process writes into a state's hidden directory, what the
+manifest records, how every file is read and checked before anything is loaded (giving a
+:class:`LoadedState`), and how it is loaded. Agreeing across processes, publishing, waiting and
+choosing the layout are the store's (:mod:`.store`). Adding a format means adding one class.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._internal.accelerate_support import uses_fsdp
+from ..data import batches_per_epoch
+from . import files, finite, original_states, resume, sharded, state_checks
+from .collective_saves import CollectiveSave, attempt, saves_on_each_node
+from .directories import read_manifest, sync_files
+from .rng import capture_rng_states
+from .training_objects import TrainingObjects
+
+TRAINER_STATE_KEYS = (
+    "progress",
+    "run_history",
+    "callbacks",
+    "checkpoint_kwargs",
+    "loss_weight_unit",
+    "shuffle_seed",
+)
+PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
+
+
+@dataclass
+class LoadedState:
+    """Every file of a training state that this process needs, read and checked, ready to be loaded.
+
+    Attributes:
+        directory: the state's directory.
+        layout: the layout that read it (and loads it).
+        manifest: the state's manifest ({} for a layout without one).
+        model: the whole model's state dict ({} when the layout loads the model itself).
+        objects: the states of the objects saved whole, by file name (``optimizer.pt``, ...).
+        trainer_state: ``progress``, ``run_history`` (None: not saved), ``callbacks`` (None: not
+            saved), ``checkpoint_kwargs``, and the shared part of the run's working state.
+        process_state: this process's ``rng`` states (None: not restorable) and share of the loss.
+        saved_epoch: the epoch, counted from 1, the state was saved in.
+    """
+
+    directory: Path
+    layout: StateLayout
+    manifest: dict[str, Any]
+    model: dict[str, Any]
+    objects: dict[str, Any]
+    trainer_state: dict[str, Any]
+    process_state: dict[str, Any]
+    saved_epoch: int
+
+
+class StateLayout(ABC):
+    """One kind of training-state directory: reading, checking and loading it."""
+
+    @abstractmethod
+    def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
+        """Read and check every file of ``directory`` this process needs; change nothing.
+
+        Raises:
+            An error naming the file and what is wrong with it (missing, truncated, not fitting
+            the model or optimizer, non-finite weights).
+        """
+
+    @abstractmethod
+    def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
+        """Load the model, the optimizer and the other objects saved whole (every process)."""
+
+    def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:
+        """Check the run's settings against the saved ones before anything is loaded; return where
+        a state saved mid-epoch on other settings continues (None: at its saved position)."""
+        return resume.check_run_settings(objects, loaded.directory, loaded.manifest, loaded.trainer_state)
+
+
+class PlainLayout(StateLayout):
+    """The states this library writes, with the whole model and optimizer in ``model.pt`` and
+    ``optimizer.pt``, written by the process that writes the shared files."""
+
+    #: Files of the stateful objects that this layout writes in another form (see ``weights``).
+    replaced_files: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ writing
+
+    def check_can_save(self, objects: TrainingObjects, output_dir: Path, asynchronous: bool) -> None:
+        """Refuse, before anything is written, a save this layout cannot do."""
+
+    def weights(self, objects: TrainingObjects) -> dict[str, Any]:
+        """The model's file, by name: called on every process, since collecting the state is
+        collective with some engines; only the writing process writes it."""
+        state = objects.accelerator.get_state_dict(objects.model)  # the plain model's keys, even compiled
+        return {"model.pt": state_checks.without_compile_prefix(state)}
+
+    def files_to_write(
+        self,
+        objects: TrainingObjects,
+        position: dict[str, int],
+        extra: dict[str, Any],
+        shared: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """What this process writes, by file name: its RNG states and share of the epoch's loss;
+        with ``shared`` (the writing process: ``weights``' files), also those, the objects saved
+        whole and ``trainer_state.pt``."""
+        mid_epoch = position["batch_index"] > 0
+        own = {"rng": capture_rng_states(), **objects.run_state.process_state_dict(mid_epoch)}
+        contents: dict[str, Any] = {f"rng_state_{objects.accelerator.process_index}.pt": own}
+        if shared is not None:
+            contents.update(shared)
+            stateful = objects.stateful().items()
+            contents.update(
+                (name, obj.state_dict())
+                for name, obj in stateful
+                if obj is not None and name not in self.replaced_files
+            )
+            contents["trainer_state.pt"] = trainer_state(objects, position, extra)
+        return contents
+
+    def write_collectively(self, objects: TrainingObjects, temporary: Path, save: CollectiveSave) -> None:
+        """What every process writes together, once the files are written (nothing here)."""
+
+    def before_publishing(self, temporary: Path) -> None:
+        """Make sure every file in ``temporary`` is on disk (each was flushed when written)."""
+
+    def manifest(self, objects: TrainingObjects, position: dict[str, int]) -> dict[str, Any]:
+        """What the manifest records besides the files: the position and the run's batch settings."""
+        config, loader = objects.run_config, objects.train_dataloader
+        return {
+            **position,
+            "finite": True,  # every save checks the weights first (finite.check_finite_before_save)
+            "num_processes": objects.accelerator.num_processes,
+            "per_device_batch_size": config.train_per_device_batch_size if config else None,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
+            "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
+        }
+
+    # ------------------------------------------------------------------ reading and loading
+
+    def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
+        manifest = read_manifest(directory)
+        if manifest is None:
+            raise state_checks.UnusableStateError(
+                f"{directory} is not a complete training state (its manifest is missing or unreadable)."
+            )
+        if manifest.get("finite") is False:
+            raise state_checks.UnusableStateError(
+                f"{directory} holds NaN or infinite weights (so its manifest records)."
+            )
+        model_state = self.read_weights(directory, manifest, objects)
+        listed, targets = set(manifest.get("files", ())), objects.stateful()
+        saved = {
+            name: state_checks.read_file(directory, name)
+            for name, target in targets.items()
+            if name in listed and target is not None
+        }
+        for name, state in saved.items():
+            state_checks.check_object_state(targets[name], state, str(directory / name))
+        state = state_checks.read_file(directory, "trainer_state.pt")
+        where = directory / "trainer_state.pt"
+        state_checks.require_keys(state, TRAINER_STATE_KEYS, where)
+        state_checks.require_keys(state["progress"], PROGRESS_KEYS, where, "progress")
+        state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        accelerator = objects.accelerator
+        process_state = state_checks.read_process_state(
+            directory, manifest, accelerator.process_index, accelerator.num_processes
+        )
+        return LoadedState(
+            directory, self, manifest, model_state, saved, state, process_state, saved_epoch(state)
+        )
+
+    def read_weights(
+        self, directory: Path, manifest: dict[str, Any], objects: TrainingObjects
+    ) -> dict[str, Any]:
+        """Read and check the whole model's state (it loads into a sharded run too)."""
+        model = objects.plain_model()
+        model_state = state_checks.match_model_keys(model, state_checks.read_file(directory, "model.pt"))
+        state_checks.check_model_state(model, model_state, str(directory))
+        if not finite.state_is_finite(model_state):
+            raise state_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
+        return model_state
+
+    def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
+        """Load the weights and the objects saved whole; into a sharded run (FSDP) too, where each
+        process keeps its shards of the model and optimizer."""
+        self.load_weights(loaded, objects)
+        load_objects(loaded.objects, objects)
+        if resuming and objects.scheduler is not None and "scheduler.pt" not in loaded.objects:
+            warnings.warn(
+                f"{loaded.directory} holds no scheduler state; the new scheduler starts from its first step.",
+                stacklevel=6,
+            )
+
+    def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
+        """Load the model's state (a sharded model keeps its shards of it)."""
+        sharded.load_full_model_state(objects.plain_model(), loaded.model)
+
+
+class ShardedLayout(PlainLayout):
+    """Training states of a run under accelerate's FSDP engine: every process writes its shards of
+    the model and optimizer (see :mod:`.sharded`); the manifest records how they were sharded.
+    Such a state loads only under the same FSDP configuration (on any number of processes)."""
+
+    replaced_files = ("model.pt", "optimizer.pt")
+
+    def check_can_save(self, objects: TrainingObjects, output_dir: Path, asynchronous: bool) -> None:
+        accelerator = objects.accelerator
+        sharded.check_can_save(accelerator, output_dir, asynchronous, saves_on_each_node(accelerator))
+
+    def weights(self, objects: TrainingObjects) -> dict[str, Any]:
+        return {}  # every process writes its shards instead
+
+    def write_collectively(self, objects: TrainingObjects, temporary: Path, save: CollectiveSave) -> None:
+        """Every process writes its shards of the model, then of the optimizer (accelerate's FSDP
+        savers, collective), agreeing after each."""
+        accelerator, model = objects.accelerator, objects.model
+        sharded.registered_shards(model)  # after an evaluation, FSDP2 holds whole parameters
+        save.agree(attempt(sharded.save_model, accelerator, model, temporary))
+        if objects.optimizer is not None:
+            save.agree(attempt(sharded.save_optimizer, accelerator, objects.optimizer, model, temporary))
+
+    def before_publishing(self, temporary: Path) -> None:
+        sync_files(temporary)  # accelerate writes FULL_STATE_DICT files with a plain torch.save
+
+    def manifest(self, objects: TrainingObjects, position: dict[str, int]) -> dict[str, Any]:
+        return {
+            **super().manifest(objects, position),
+            "sharded": sharded.sharding_record(objects.accelerator),
+        }
+
+    def read_weights(
+        self, directory: Path, manifest: dict[str, Any], objects: TrainingObjects
+    ) -> dict[str, Any]:
+        """Check that this run can load the shards, and every file of them (see :mod:`.sharded`)."""
+        accelerator = objects.accelerator
+        sharded.check_engine(directory, manifest["sharded"], sharded.sharding_record(accelerator))
+        plain, rank = objects.plain_model(), accelerator.process_index
+        sharded.check_sharded_state(directory, manifest, plain, objects.optimizer, rank)
+        return {}  # loaded by every process from its shards
+
+    def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
+        sharded.registered_shards(objects.model)  # after an evaluation, FSDP2 holds whole parameters
+        sharded.load(objects.accelerator, objects.model, objects.optimizer, loaded.directory, loaded.manifest)
+
+
+class OriginalLayout(StateLayout):
+    """Directories written by pytorch-accelerated 0.1.x, read only (see :mod:`.original_states`).
+
+    They record only the epoch E they were saved in, so the run continues at the start of epoch E,
+    after ``(E - 1) x num_update_steps_per_epoch`` updates, with the scheduler's counter set there
+    (a scheduler of this library), and a warning; callback states are not restored."""
+
+    def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
+        saved = original_states.read_original_state(directory, objects.accelerator.process_index)
+        model = objects.plain_model()
+        model_state = state_checks.match_model_keys(model, saved.model)
+        state_checks.check_model_state(model, model_state, str(directory))
+        targets = objects.stateful()
+        states = {name: state for name, state in saved.objects.items() if targets.get(name) is not None}
+        for name, state in states.items():
+            state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
+        steps = objects.run_config.num_update_steps_per_epoch if objects.run_config is not None else None
+        progress = {"epoch": saved.current_epoch - 1, "global_step": (saved.current_epoch - 1) * (steps or 0)}
+        state = {
+            "progress": {**progress, "batch_index": 0, "epoch_step": 0},
+            "run_history": None,  # not saved: the run's own history goes on
+            "callbacks": None,  # not saved
+            "checkpoint_kwargs": saved.checkpoint_kwargs,
+            "updates_per_epoch": steps,
+        }
+        process_state = {"rng": saved.rng, "train_loss": None}
+        return LoadedState(
+            directory, self, {}, model_state, states, state, process_state, saved.current_epoch
+        )
+
+    def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:
+        return None  # it continues at the start of its epoch, whatever the settings
+
+    def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
+        sharded.load_full_model_state(objects.plain_model(), loaded.model)
+        load_objects(loaded.objects, objects)
+        epoch, updates = loaded.saved_epoch, loaded.trainer_state["progress"]["global_step"]
+        known = loaded.trainer_state["updates_per_epoch"] is not None
+        counter = _set_scheduler_counter(objects.scheduler, updates) if known else ""
+        warnings.warn(
+            f"{loaded.directory} was written by pytorch-accelerated 0.1.x, which records only the epoch it was "
+            f"saved in (current_epoch={epoch}): the run continues at the start of epoch {epoch}"
+            + (f", after {updates} updates{counter}" if known else "")
+            + ". Callback states are not restored"
+            + ("" if loaded.process_state["rng"] is not None else ", nor the RNGs")
+            + ".",
+            stacklevel=6,
+        )
+
+
+def _set_scheduler_counter(scheduler: Any, updates: int) -> str:
+    """Put a scheduler of this library at ``updates`` completed updates; say what was done."""
+    if scheduler is None:
+        return ""
+    state = scheduler.state_dict()
+    if "_num_updates" not in state:
+        return f"; the scheduler ({type(scheduler).__name__}) keeps the state it was saved with"
+    scheduler.load_state_dict({**state, "_num_updates": updates, "num_updates": updates})
+    return f"; the scheduler's counter is set to {updates}"
+
+
+def layout_for_saving(accelerator: Any) -> PlainLayout:
+    """The layout a run writes its training states in: sharded under accelerate's FSDP engine."""
+    return ShardedLayout() if uses_fsdp(accelerator) else PlainLayout()
+
+
+def layout_of(directory: Path) -> StateLayout:
+    """The layout of the state in ``directory`` (whose manifest, if any, says how it was written)."""
+    if original_states.is_original_state(directory):
+        return OriginalLayout()
+    manifest = read_manifest(directory) or {}
+    return ShardedLayout() if manifest.get("sharded") is not None else PlainLayout()
+
+
+def load_objects(saved: dict[str, Any], objects: TrainingObjects) -> None:
+    """Load each saved state into its object; a sharded run's optimizer keeps its shards of its state."""
+    for name, obj in objects.stateful().items():
+        if name == "optimizer.pt" and name in saved:
+            sharded.load_full_optimizer_state(objects.plain_model(keep_torch_compile=False), obj, saved[name])
+        elif name in saved:
+            obj.load_state_dict(saved[name])
+
+
+def trainer_state(
+    objects: TrainingObjects, position: dict[str, int], extra: dict[str, Any]
+) -> dict[str, Any]:
+    """``trainer_state.pt``: the position, the run history, each callback's state and the shared
+    part of the run's working state, with the user's ``checkpoint_kwargs``."""
+    run_state = objects.run_state.state_dict()
+    history = objects.run_history.state_dict()
+    # The history's epoch follows the saved position (older versions read it from here).
+    history["current_epoch"] = run_state["history_first_epoch"] + position["epoch"]
+    callbacks = {
+        key: files.to_safe_value(state, f"{key}.state_dict()")
+        for key, state in objects.callbacks.state_dict().items()
+    }
+    return {
+        "progress": position,
+        "run_history": files.to_safe_value(history, "run_history"),
+        "callbacks": callbacks,
+        **run_state,
+        "checkpoint_kwargs": extra,
+    }
+
+
+def saved_epoch(state: dict[str, Any]) -> int:
+    """The epoch (counted from 1, as ``run_history.current_epoch``) a state was saved in."""
+    progress = state["progress"]
+    first = int(state.get("history_first_epoch", state["run_history"]["current_epoch"] - progress["epoch"]))
+    # A position at an epoch's first batch was saved at the end of the epoch before.
+    in_epoch = progress["batch_index"] > 0 or bool(state.get("epoch_trained", False))
+    return max(first, first + progress["epoch"] - (0 if in_epoch else 1))

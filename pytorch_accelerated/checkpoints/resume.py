@@ -1,0 +1,171 @@
+"""Where a run resumes: the position a training state records when it is saved, the run's
+settings checked against the saved ones before anything is loaded, and the position restored.
+
+A state saved mid-epoch on other settings (number of processes, per-device batch size,
+accumulation) continues at the same sample of the epoch's order (:mod:`.reshard`); one whose
+position means nothing for this run is refused with the reason and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..data import batches_per_epoch, is_map_style
+from . import reshard
+from .reshard import MappedPosition
+from .training_objects import TrainingObjects
+
+
+def position_to_save(objects: TrainingObjects) -> dict[str, int]:
+    """The position a state saved now records: where a resumed run continues.
+
+    Raises:
+        RuntimeError: in the middle of an accumulation window (its gradients would be lost).
+    """
+    position = objects.progress.state_dict()
+    config = objects.run_config
+    if objects.run_state.epoch_finished:
+        # The epoch's last event has fired: a resumed run starts the next epoch.
+        position.update(epoch=position["epoch"] + 1, batch_index=0, epoch_step=0)
+    elif config is not None and position["batch_index"] % config.gradient_accumulation_steps:
+        # The partial last window of an epoch ends with an update; a stream's end is not known here.
+        if position["batch_index"] != batches_per_epoch(objects.train_dataloader, position["batch_index"]):
+            raise RuntimeError(
+                f"save_training_state was called in the middle of a gradient accumulation window "
+                f"(batch {position['batch_index']} with gradient_accumulation_steps="
+                f"{config.gradient_accumulation_steps}); the accumulated gradients would be lost. "
+                f"Save right after an optimizer update, e.g. from on_train_step_end when "
+                f"is_update_step is True."
+            )
+    return position
+
+
+def restore_position(objects: TrainingObjects, state: dict[str, Any], process_state: dict[str, Any]) -> None:
+    """Restore the saved position, run history (when saved) and working state of the run."""
+    objects.progress.load_state_dict(state["progress"])
+    if state["run_history"] is not None:
+        run_state = dict(state)
+        # States saved before the first epoch was recorded: the history's epoch tells it.
+        run_state.setdefault(
+            "history_first_epoch", state["run_history"]["current_epoch"] - state["progress"]["epoch"]
+        )
+        objects.run_state.load_state_dict(run_state)
+        objects.run_history.load_state_dict(state["run_history"])
+    objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
+    objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
+
+
+def check_run_settings(
+    objects: TrainingObjects, directory: Path, manifest: dict[str, Any], state: dict[str, Any]
+) -> MappedPosition | None:
+    """Check the run's settings against the saved ones, before anything is loaded; return where
+    a state saved mid-epoch on other settings continues (None: at its saved position).
+
+    Raises:
+        ValueError: naming the setting and the fix, where the saved position does not map.
+    """
+    config = objects.run_config
+    assert config is not None  # resuming happens inside a training run
+    saved = reshard.BatchSettings.from_manifest(manifest)
+    now = reshard.BatchSettings(
+        config.num_processes, config.train_per_device_batch_size, config.gradient_accumulation_steps
+    )
+    mid_epoch = manifest["batch_index"] > 0
+    # An epoch resumed on other settings starts its order after some samples: it maps too.
+    skipped = int(state.get("samples_skipped") or 0) if mid_epoch else 0
+    if saved == now and not skipped:
+        _check_same_batches(objects, manifest, directory)
+        return None
+    change = (
+        f"saved with {saved.describe()}, resumed with {now.num_processes} x {now.per_device_batch_size} x "
+        f"{now.gradient_accumulation_steps}"
+    )
+    if not mid_epoch:
+        warnings.warn(
+            f"Resuming {directory}: it was {change}. It was saved at an epoch boundary, so the run continues "
+            f"with the next epoch; step counts and schedules now follow the new settings.",
+            stacklevel=6,
+        )
+        return None
+    mapped = _map_saved_position(objects, directory, manifest, state, (saved, now), change)
+    warnings.warn(
+        f"Resuming {directory} mid-epoch: it was {change}. {mapped.consumed} samples of epoch "
+        f"{manifest['epoch'] + 1}'s order were seen; the rest of the epoch visits each of the others once, in "
+        f"batches of the new settings (docs: 'Resuming on another number of processes'). Step counters and "
+        f"the scheduler carry on; results are close to, not bitwise equal to, an uninterrupted run's.",
+        stacklevel=6,
+    )
+    return mapped
+
+
+def _check_same_batches(objects: TrainingObjects, manifest: dict[str, Any], directory: Path) -> None:
+    num_batches = batches_per_epoch(objects.train_dataloader)
+    if manifest["batch_index"] > 0 and manifest["num_batches_per_epoch"] != num_batches:
+        raise ValueError(
+            f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
+            f"but this run has {num_batches}: the training set differs, so the saved "
+            f"position means nothing here. Resume with the same data set."
+        )
+
+
+def _map_saved_position(
+    objects: TrainingObjects,
+    directory: Path,
+    manifest: dict[str, Any],
+    state: dict[str, Any],
+    settings: tuple[reshard.BatchSettings, reshard.BatchSettings],
+    change: str,
+) -> MappedPosition:
+    """The position on this run's settings of a state saved mid-epoch on ``settings[0]`` (the
+    same samples of the epoch's global order seen), or a ValueError saying why there is none.
+
+    Without the Trainer's shuffle sampler, only a change that keeps the samples per batch index
+    (processes x per-device batch) and the accumulation maps: to the same batch."""
+    saved, now = settings
+    config, sampler, accelerator = objects.run_config, objects.run_state.train_sampler, objects.accelerator
+    assert config is not None
+    reason = None
+    if sampler is None:
+        dataset = objects.train_dataset
+        reason = reshard.unmappable_loader_reason(config.train_dl_kwargs, dataset, is_map_style(dataset))
+    elif accelerator.split_batches or accelerator.dispatch_batches:
+        reason = "accelerate's split_batches or dispatch_batches is set, so processes do not take whole batches in turn"
+    if reason is not None or sampler is None:
+        same_batches = (saved.global_batch, saved.gradient_accumulation_steps) == (
+            now.global_batch,
+            now.gradient_accumulation_steps,
+        )
+        if same_batches and not state.get("samples_skipped"):
+            return MappedPosition(manifest["batch_index"] * saved.global_batch, manifest["batch_index"], 0)
+        raise ValueError(reshard.unmappable_message(directory, change, str(reason), saved))
+    num_samples = sampler.num_samples
+    reshard.check_same_training_set(state, manifest, num_samples, saved, directory)
+    # The epoch's training was done (saved at its last batch, or during its evaluation).
+    done = manifest["batch_index"] >= (manifest.get("num_batches_per_epoch") or math.inf) or bool(
+        state.get("epoch_trained")
+    )
+    skipped = int(state.get("samples_skipped") or 0)
+    consumed = (
+        num_samples
+        if done
+        else reshard.samples_consumed(manifest["batch_index"], skipped, saved, num_samples)
+    )
+    return reshard.map_position(consumed, now, num_samples, batches_per_epoch(objects.train_dataloader))
+
+
+def adopt_run_settings(
+    objects: TrainingObjects, manifest: dict[str, Any], mapped: MappedPosition | None
+) -> None:
+    """After a resume's position is restored: continue at ``mapped`` (see :mod:`.reshard`),
+    and let the loss weighting find its unit again when the per-device batch size changed."""
+    window, sampler, config = objects.run_state.window, objects.run_state.train_sampler, objects.run_config
+    per_device = config.train_per_device_batch_size if config is not None else None
+    if window is not None and config is not None and manifest.get("per_device_batch_size") != per_device:
+        window.unit = None
+    if mapped is not None:
+        objects.progress.batch_index = mapped.batch_index
+        if sampler is not None:
+            sampler.skip_in_epoch(objects.progress.epoch, mapped.skip)

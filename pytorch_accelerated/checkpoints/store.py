@@ -1,0 +1,303 @@
+"""The Trainer's training states: :class:`TrainingStateStore` saves one (now, or in the
+background), waits for it, loads one, and resumes a run from one.
+
+The processes agree after every step of a save or a load, so a step that fails on one process
+raises on every process and leaves nothing half-written. Which files a state holds, and how
+they are checked and loaded, is its layout's (:mod:`.layouts`), chosen once per save or load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from accelerate.utils import set_seed
+
+from .._internal.accelerate_support import collective_timeout_s
+from .._internal.distributed import print_once_per_node, ranks_where
+from .._internal.hangs import signal_grace_s
+from . import files, finite, resume, sharded
+from .background import BackgroundStateWrite, to_host
+from .collective_saves import (
+    CollectiveSave,
+    attempt,
+    saves_on_each_node,
+    unshared_directory_error,
+    writes_shared_files,
+)
+from .directories import (
+    list_files,
+    make_temporary_dir,
+    publish,
+    remove_temporary,
+    temporary_dir_for,
+    write_files,
+    write_manifest,
+)
+from .discovery import candidate_states
+from .layouts import LoadedState, PlainLayout, layout_for_saving, layout_of
+from .reshard import RESEED_KEY
+from .rng import restore_rng_states
+from .training_objects import Stateful, TrainingObjects
+
+if TYPE_CHECKING:
+    from ..run_config import RunState
+
+
+class TrainingStateStore:
+    """Saves, waits for, loads and resumes training states (the Trainer's ``state_store``).
+
+    It owns what lives between those calls: the state being written in the background (at most
+    one, with the update step it was saved at), the host memory that the next background copy
+    reuses, and whether a load is a resume (inside :meth:`resuming`). Each call is given the run's
+    objects (:class:`~.training_objects.TrainingObjects`); every process must make it.
+    """
+
+    def __init__(self, accelerator: Any) -> None:
+        self._accelerator = accelerator
+        self._background: tuple[BackgroundStateWrite, int] | None = None
+        self._host_buffers: dict[tuple[int, str, int], Any] = {}
+        self._resuming = False
+
+    # ------------------------------------------------------------------ saving
+
+    def save(
+        self,
+        objects: TrainingObjects,
+        output_dir: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None,
+        asynchronous: bool = False,
+    ) -> None:
+        """Save a training state (see ``Trainer.save_training_state``); first wait for a state
+        still being written in the background, raising its error if it failed."""
+        self.wait()
+        output_dir = Path(output_dir)
+        layout = layout_for_saving(objects.accelerator)
+        layout.check_can_save(objects, output_dir, asynchronous)
+        what = f"the training state {str(output_dir)!r}"
+        loss, step = objects.run_state.train_loss.running_total, objects.progress.global_step
+        finite.check_finite_before_save(objects.accelerator, objects.model, loss, step, what)
+        extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
+        position = resume.position_to_save(objects)
+        weights = layout.weights(objects)  # on every process: collective with some engines
+        write = self._start_background_write if asynchronous else self._write
+        try:
+            write(layout, objects, output_dir, position, extra, weights)
+        except KeyboardInterrupt:
+            remove_temporary(output_dir)
+            raise
+
+    def _collective_save(self, output_dir: Path) -> CollectiveSave:
+        clean_up = lambda: remove_temporary(output_dir)  # noqa: E731
+        return CollectiveSave(
+            self._accelerator, "the training state", output_dir, "the previous states are intact", clean_up
+        )
+
+    def _write(
+        self,
+        layout: PlainLayout,
+        objects: TrainingObjects,
+        output_dir: Path,
+        position: dict[str, int],
+        extra: Any,
+        weights: Any,
+    ) -> None:
+        """Write the state into its hidden directory, then publish it, agreeing after each step."""
+        main = writes_shared_files(self._accelerator)
+        save, temporary = self._collective_save(output_dir), temporary_dir_for(output_dir)
+        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
+        contents: dict[str, Any] = {}
+        error = attempt(
+            lambda: contents.update(
+                layout.files_to_write(objects, position, extra, weights if main else None)
+            )
+        )
+        error = error or attempt(write_files, temporary, contents)
+        save.agree(
+            unshared_directory_error(self._accelerator, temporary, error) if error is not None else None
+        )
+        layout.write_collectively(objects, temporary, save)
+        error = attempt(self._publish, layout, objects, temporary, output_dir, position) if main else None
+        save.agree(error)
+
+    @staticmethod
+    def _publish(
+        layout: PlainLayout, objects: TrainingObjects, temporary: Path, output_dir: Path, position: Any
+    ) -> None:
+        """Write the manifest, listing every file of the state, then publish it."""
+        layout.before_publishing(temporary)
+        write_manifest(temporary, {**layout.manifest(objects, position), "files": list_files(temporary)})
+        publish(temporary, output_dir)
+
+    def _start_background_write(
+        self,
+        layout: PlainLayout,
+        objects: TrainingObjects,
+        output_dir: Path,
+        position: dict[str, int],
+        extra: Any,
+        weights: Any,
+    ) -> None:
+        """Copy the state to host memory (the loop may change the originals from now on) and write
+        it in a background thread; :meth:`wait` waits for it."""
+        accelerator = self._accelerator
+        if saves_on_each_node(accelerator) and accelerator.num_processes > 1:
+            raise ValueError(
+                f"Cannot save {output_dir} asynchronously with accelerate's save_on_each_node: the process that "
+                f"publishes a state in the background waits for the others' files in its folder, which needs a "
+                f"shared file system. Save it synchronously (asynchronous=False), or turn save_on_each_node off "
+                f"on a shared file system."
+            )
+        main = accelerator.is_main_process
+        save, temporary = self._collective_save(output_dir), temporary_dir_for(output_dir)
+        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
+        contents: dict[str, Any] = {}
+        # The previous copy's memory is free again (it was waited for).
+        files_here = lambda: layout.files_to_write(objects, position, extra, weights if main else None)  # noqa: E731
+        error = attempt(lambda: contents.update(to_host(files_here(), self._host_buffers)))
+        save.agree(error or unshared_directory_error(accelerator, temporary))
+        manifest = layout.manifest(objects, position) if main else None
+        rank, processes = accelerator.process_index, accelerator.num_processes
+        job = BackgroundStateWrite(output_dir, contents, rank, processes, manifest, collective_timeout_s())
+        self._background = (job, position["global_step"])
+
+    def wait(self) -> None:
+        """Wait for the training state being written in the background, if any (every process
+        must call this when one is); once it has failed on any process, raise on every process a
+        ``CheckpointWriteError`` naming the state and what went wrong, its hidden directory removed."""
+        if self._background is None:
+            return
+        (job, step), self._background = self._background, None
+        error = job.wait()
+        try:
+            self._collective_save(job.output_dir).agree(cast(Exception | None, error))
+        except files.CheckpointWriteError as failure:
+            raise files.CheckpointWriteError(
+                failure.errno,
+                f"{failure.message} (It was being written in the background, after update step {step}; "
+                f"its error is raised at the next save, load or end of the run.)",
+                job.output_dir,
+            ) from failure
+
+    @contextlib.contextmanager
+    def finishing_run(self) -> Iterator[None]:
+        """Around a run: at its end, wait for a state still being written in the background. When
+        the run fails, wait without agreeing with the other processes (one may be gone), at most
+        the signal grace for their files; a failure of the save is then printed, not raised."""
+        try:
+            yield
+        except BaseException:
+            if self._background is not None:
+                (job, _), self._background = self._background, None
+                error = job.wait(grace_s=signal_grace_s())
+                if error is not None:
+                    print_once_per_node(
+                        self._accelerator,
+                        f"The training state {job.output_dir}, written in the background, could not be saved: {error}",
+                    )
+            raise
+        self.wait()
+
+    # ------------------------------------------------------------------ loading
+
+    @contextlib.contextmanager
+    def resuming(self) -> Iterator[None]:
+        """Inside this, :meth:`load` restores a state as ``train(resume_from=...)`` does: the run's
+        settings are checked against the saved ones first (a state saved mid-epoch on other
+        settings continues at the same sample of the epoch's order), and the callback and RNG
+        states wait in ``run_state.pending_resume`` until the run's start events have fired
+        (:meth:`apply_pending_resume`)."""
+        self._resuming = True
+        try:
+            yield
+        finally:
+            self._resuming = False
+
+    def load(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> dict[str, Any]:
+        """Restore every object of the state ``input_dir`` (or the newest good one in the folder
+        ``input_dir``); return ``{"current_epoch": E, **checkpoint_kwargs}``, E the epoch
+        (counted from 1) the state was saved in.
+
+        All or nothing: every file is read and checked before anything is changed. From a folder,
+        a state that fails the checks (or holds non-finite weights) is skipped with a warning for
+        the newest good one; a state directory named explicitly is never swapped for another.
+        """
+        self.wait()  # a state still being written in the background
+        loaded = self._choose(objects, input_dir)
+        layout = loaded.layout
+        mapped = layout.map_position(loaded, objects) if self._resuming else None
+        layout.load(loaded, objects, self._resuming)
+        resume.restore_position(objects, loaded.trainer_state, loaded.process_state)
+        if self._resuming:
+            resume.adopt_run_settings(objects, loaded.manifest, mapped)
+        pending = {"callbacks": loaded.trainer_state["callbacks"], "rng": loaded.process_state["rng"]}
+        objects.run_state.pending_resume = pending
+        if not self._resuming:
+            self.apply_pending_resume(objects.run_state, objects.callbacks)
+        return {"current_epoch": loaded.saved_epoch, **loaded.trainer_state["checkpoint_kwargs"]}
+
+    def _choose(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> LoadedState:
+        """Read and check the state at ``input_dir``, or the newest good one in the folder
+        ``input_dir``, agreeing across processes.
+
+        Raises:
+            The error of an explicitly named state that fails the checks; a ValueError listing
+            every candidate and its problem when none in a folder passes.
+        """
+        candidates, explicit = candidate_states(input_dir)
+        problems: list[tuple[Path, Exception]] = []
+        for directory in candidates:
+            loaded: LoadedState | None = None
+            try:
+                loaded = layout_of(directory).read(directory, objects)
+            except Exception as error:  # any failure to read a state is a reason to try the next one
+                problems.append((directory, error))
+            failed = ranks_where(self._accelerator, loaded is None)
+            if loaded is None and isinstance(problems[-1][1], sharded.ShardedStateError):
+                raise problems[-1][1]  # this run's configuration, not the state, is at fault: no fallback
+            if loaded is not None and not failed:
+                for bad, problem in problems:
+                    warnings.warn(
+                        f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.",
+                        stacklevel=5,
+                    )
+                return loaded
+            if loaded is not None:
+                problems.append(
+                    (
+                        directory,
+                        ValueError(
+                            f"process {', '.join(map(str, failed))} could not read it (its output says why)."
+                        ),
+                    )
+                )
+            if explicit:
+                raise problems[-1][1]
+        found = "; ".join(f"{directory.name}: {error}" for directory, error in problems)
+        raise ValueError(
+            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: {found})."
+        )
+
+    @staticmethod
+    def apply_pending_resume(run_state: RunState, callbacks: Stateful) -> None:
+        """Restore the callback states, then the RNGs, that a resume keeps back.
+
+        On resume this runs after ``on_training_run_start`` (callbacks set themselves up there;
+        their saved state goes in after) and last of all, once nothing else can draw from the RNGs.
+        """
+        pending = run_state.pending_resume
+        if pending is None:
+            return
+        run_state.pending_resume = None
+        if pending["callbacks"] is not None:  # None: a state that holds none (0.1.x)
+            callbacks.load_state_dict(pending["callbacks"])
+        if pending["rng"] is not None:
+            restore_rng_states(pending["rng"])
+            if RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
+                seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+                set_seed(seed + int(pending["rng"][RESEED_KEY]))
