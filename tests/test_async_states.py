@@ -24,9 +24,9 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
-from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
+from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import CosineLrScheduler
 
 WORKER = Path(__file__).parent / "distributed" / "workers" / "async_states.py"

@@ -21,8 +21,8 @@ from pytorch_accelerated.callbacks import (
     SaveTrainingStateCallback,
     TrainerCallback,
 )
-from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
 from pytorch_accelerated.checkpoints.discovery import list_complete_states
+from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
 
 
 def early_stopping() -> EarlyStoppingCallback:

@@ -28,8 +28,8 @@ from helpers import make_linear_model, make_regression_data, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
+from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
 
 SAVE_FAULTS_WORKER = Path(__file__).parent / "distributed" / "workers" / "save_faults.py"
 
