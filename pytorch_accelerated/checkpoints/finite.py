@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from .._internal.accelerate_support import is_dtensor
 from .._internal.errors import StopTrainingError
+from .._internal.fsdp import is_dtensor
 
 if TYPE_CHECKING:
     from ..trainer import Trainer

@@ -21,7 +21,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from torch import nn
 
-from .._internal.accelerate_support import fsdp2_modules, is_dtensor
+from .._internal.fsdp import fsdp2_modules, is_dtensor
 from . import collective_saves, files, finite, state_checks
 
 if TYPE_CHECKING:

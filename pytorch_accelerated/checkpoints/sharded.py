@@ -35,7 +35,7 @@ import torch
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
-from .._internal.accelerate_support import uses_fsdp
+from .._internal.fsdp import uses_fsdp
 from . import files, state_checks
 
 #: The files of a plain training state whose content a sharded state holds in shards instead.

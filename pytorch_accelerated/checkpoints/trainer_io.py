@@ -24,8 +24,9 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from .._internal.accelerate_support import collective_timeout_s, uses_fsdp
+from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import signal_grace_s
+from .._internal.process_group import collective_timeout_s
 from ..data import batches_per_epoch, is_map_style
 from . import (
     collective_saves,
