@@ -31,11 +31,14 @@ The house, read top-down (each layer imports only the layers below it)::
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),
                         distributed (gathering, the Trainer's process methods), accumulation
-                        (window weighting), accelerate_support (what accelerate's set-up allows,
-                        the collective timeout), hangs (what a failed collective was doing; the
-                        watchdog for a process a stop signal finds stuck), launch_checks (a
-                        launch whose processes do not add up fails early), errors
-                        (StopTrainingError, public through callbacks)
+                        (window weighting), process_group (the collective timeout, a shared
+                        seed, clean-up at exit), preparation (model, optimizer and loaders
+                        prepared with accelerate), fsdp (what is sharded; what cannot run under
+                        FSDP), accelerator_checks (the Accelerator's set-up checked, precision
+                        and FSDP that cannot run here), hangs (what a failed collective was
+                        doing; the watchdog for a process a stop signal finds stuck),
+                        launch_checks (a launch whose processes do not add up fails early),
+                        errors (StopTrainingError, public through callbacks)
 
 Public names are those of SPEC.md and COMPAT.md; see docs/inside-the-trainer.md for the loop.
 Importing the package changes no random state: call :func:`set_seed` (accelerate's: Python,

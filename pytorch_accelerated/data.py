@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import send_to_device
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Sampler, Subset
 
-from ._internal.accelerate_support import needs_preparing
+from ._internal.preparation import needs_preparing
 
 
 class ReproducibleShuffleSampler(Sampler[int]):

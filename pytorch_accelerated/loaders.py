@@ -15,13 +15,8 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ._internal.accelerate_support import (
-    needs_preparing,
-    prepare_optimizer,
-    prepare_together,
-    prepares_together,
-    shared_random_seed,
-)
+from ._internal.preparation import needs_preparing, prepare_optimizer, prepare_together, prepares_together
+from ._internal.process_group import shared_random_seed
 from .data import (
     ReproducibleShuffleSampler,
     default_dataloader_kwargs,

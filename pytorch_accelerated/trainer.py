@@ -19,16 +19,12 @@ import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
 
-from ._internal.accelerate_support import (
-    check_accelerator,
-    destroy_process_group_at_exit,
-    has_accelerator_device,
-    process_group_kwargs,
-)
+from ._internal.accelerator_checks import check_accelerator, has_accelerator_device
 from ._internal.accumulation import WindowWeighting, accumulation_windows
 from ._internal.distributed import ProcessUtilities, mean_over_processes
 from ._internal.hangs import explain_collective_failure
 from ._internal.launch_checks import check_every_process_joins
+from ._internal.process_group import destroy_process_group_at_exit, process_group_kwargs
 from ._internal.validation import (
     batch_size_of,
     check_batch_output,

@@ -4,5 +4,12 @@
 - :mod:`.distributed`: gathering tensors of different lengths, means over processes, and the
   Trainer's process methods (``ProcessUtilities``);
 - :mod:`.accumulation`: how the batches of an accumulation window are weighted;
-- :mod:`.accelerate_support`: what accelerate's set-up allows the loop to do.
+- :mod:`.process_group`: the collective timeout of the process group, a seed every process
+  agrees on, and the group's destruction at exit;
+- :mod:`.preparation`: preparing model, optimizer and loaders with accelerate, and where the
+  loop can step around accelerate's wrappers;
+- :mod:`.fsdp`: whether a run, a module or a tensor is sharded, and refusing what cannot run
+  under FSDP;
+- :mod:`.accelerator_checks`: the Accelerator's set-up checked when a Trainer is created
+  (processes, accumulation, a precision or FSDP that cannot run here).
 """

@@ -2,7 +2,7 @@
 process a stop signal finds stuck outside Python (in a collective whose peer died, typically).
 
 The collective timeout itself is set where the process group is created
-(:func:`.accelerate_support.process_group_kwargs`); the wait for the processes of a launch to
+(:func:`.process_group.process_group_kwargs`); the wait for the processes of a launch to
 join it, in :mod:`.launch_checks`.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .accelerate_support import COLLECTIVE_TIMEOUT_ENV, collective_timeout_s, seconds_from_env
+from .process_group import COLLECTIVE_TIMEOUT_ENV, collective_timeout_s, seconds_from_env
 
 #: How long the watchdog lets a process that received a stop signal go without running any
 #: Python before it ends it, unless ``PT_ACC_SIGNAL_GRACE`` says otherwise.

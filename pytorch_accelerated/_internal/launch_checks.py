@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import torch
 
-from .accelerate_support import seconds_from_env
+from .process_group import seconds_from_env
 
 #: How long a process waits for every process of its launch to check in, unless
 #: ``PT_ACC_RENDEZVOUS_TIMEOUT`` says otherwise: on one machine the processes start together;

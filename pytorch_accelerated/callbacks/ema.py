@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._internal.accelerate_support import refuse_under_fsdp
+from .._internal.fsdp import refuse_under_fsdp
 from ..checkpoints.finite import NonFiniteStateError
 from ..utils import ModelEma
 from .events import CallbackHandler, TrainerCallback

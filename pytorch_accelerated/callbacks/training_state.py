@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._internal.accelerate_support import uses_fsdp
+from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded

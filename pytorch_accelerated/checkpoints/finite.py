@@ -23,9 +23,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .._internal.accelerate_support import is_dtensor
 from .._internal.distributed import per_process
 from .._internal.errors import StopTrainingError
+from .._internal.fsdp import is_dtensor
 
 
 class NonFiniteStateError(StopTrainingError):

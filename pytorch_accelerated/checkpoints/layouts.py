@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._internal.accelerate_support import uses_fsdp
+from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
 from . import files, finite, original_states, resume, sharded, state_checks
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node

@@ -41,7 +41,7 @@ from accelerate.utils import DistributedType
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
-from .._internal.accelerate_support import fsdp2_modules, is_dtensor, uses_fsdp
+from .._internal.fsdp import fsdp2_modules, is_dtensor, uses_fsdp
 from . import files, state_checks
 
 

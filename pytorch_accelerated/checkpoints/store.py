@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from accelerate.utils import set_seed
 
-from .._internal.accelerate_support import collective_timeout_s
 from .._internal.distributed import print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
+from .._internal.process_group import collective_timeout_s
 from . import files, finite, resume, sharded
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (

@@ -17,7 +17,7 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated._internal.accelerate_support import process_group_kwargs
+from pytorch_accelerated._internal.process_group import process_group_kwargs
 
 
 def fsdp_plugin(state_dict_type: str = "SHARDED_STATE_DICT", **kwargs: Any) -> FullyShardedDataParallelPlugin:

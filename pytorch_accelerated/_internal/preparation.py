@@ -1,0 +1,89 @@
+"""Preparing the model, the optimizer and the loaders with accelerate: which go to one
+``prepare`` call, which loaders are already prepared, and where the loop can step around
+accelerate's wrappers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import DistributedType
+from accelerate.utils.deepspeed import DummyOptim
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bool]:
+    """Prepare ``optimizer``; return what the loop should step, and whether it steps directly.
+
+    Where accelerate's optimizer wrapper would only call through, the loop (and the scheduler)
+    use the optimizer itself: the wrapper costs more than a small model's whole update
+    (accelerate 1.15 searches sys.path for lomo_optim twice per ``step()``).
+    """
+    prepared = accelerator.prepare(optimizer)
+    direct = accelerate_steps_pass_through(accelerator)
+    if direct and isinstance(prepared, AcceleratedOptimizer):
+        return prepared.optimizer, True
+    return prepared, direct  # not a torch optimizer (stepped as it is), or accelerate's path
+
+
+def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
+    """True under DeepSpeed (or with its ``DummyOptim``): its engine is built from the model,
+    the optimizer and the training loader's batch size, so they go to one ``prepare`` call; and
+    under FSDP, whose wrapping replaces the parameters that the optimizer must then hold."""
+    engines = (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    return accelerator.distributed_type in engines or isinstance(optimizer, DummyOptim)
+
+
+def prepare_together(
+    accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any
+) -> tuple[Any, Any, Any]:
+    """Prepare model, optimizer (if any) and training loader (if not prepared yet) in one
+    ``prepare`` call; return the three, each unchanged where it was not passed."""
+    objects: list[Any] = [model]
+    objects += [optimizer] if optimizer is not None else []
+    objects += [train_loader] if needs_preparing(train_loader) else []
+    prepared = list(accelerator.prepare(*objects)) if len(objects) > 1 else [accelerator.prepare(model)]
+    model = prepared.pop(0)
+    optimizer = prepared.pop(0) if optimizer is not None else None
+    return model, optimizer, (prepared.pop(0) if prepared else train_loader)
+
+
+def needs_preparing(dataloader: Any) -> bool:
+    # accelerate's prepared loaders are DataLoader subclasses too; never wrap one twice.
+    return isinstance(dataloader, DataLoader) and not isinstance(
+        dataloader, (DataLoaderShard, DataLoaderDispatcher)
+    )
+
+
+#: Set-ups where ``Accelerator.backward`` and the prepared optimizer's ``step``/``zero_grad`` only
+#: call through to torch. Not DeepSpeed, Megatron-LM or XLA, whose engines do the stepping, nor
+#: FSDP, which stays on accelerate's path.
+_PASS_THROUGH_DISTRIBUTED_TYPES = frozenset(
+    getattr(DistributedType, name)
+    for name in (
+        "NO",
+        "MULTI_CPU",
+        "MULTI_GPU",
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_SDAA",
+        "MULTI_MUSA",
+        "MULTI_XPU",
+        "MULTI_HPU",
+    )
+    if hasattr(DistributedType, name)
+)
+
+
+def accelerate_steps_pass_through(accelerator: Accelerator) -> bool:
+    """True where accelerate's backward and optimizer wrapper would add only their cost: no
+    fp16 loss scaler, no LOMO optimizer, no accumulation by accelerate, plain data parallelism."""
+    return (
+        accelerator.scaler is None
+        and not accelerator.has_lomo_optimizer
+        and accelerator.gradient_accumulation_steps == 1
+        and accelerator.distributed_type in _PASS_THROUGH_DISTRIBUTED_TYPES
+    )

@@ -1,0 +1,80 @@
+"""The process group the Trainer's Accelerator creates: its collective timeout, a value every
+process agrees on, and its destruction when the interpreter exits."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
+
+#: How long a process waits in a collective operation (all-reduce, barrier, ...) for the others
+#: before it fails, unless ``PT_ACC_COLLECTIVE_TIMEOUT`` says otherwise (torch's own default is
+#: 30 minutes). Long enough for the main process to write a large checkpoint while the others
+#: wait for it; short enough that a process whose peer failed does not sit idle for half an hour.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+COLLECTIVE_TIMEOUT_ENV = "PT_ACC_COLLECTIVE_TIMEOUT"
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"The environment variable {name}={text!r} must be a positive number of seconds, "
+            f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
+        )
+    return seconds
+
+
+def collective_timeout_s() -> float:
+    """The collective timeout of the process groups the Trainer creates, in seconds."""
+    return seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+
+def process_group_kwargs() -> list[InitProcessGroupKwargs]:
+    """accelerate's ``kwargs_handlers`` that give the process group :func:`collective_timeout_s`.
+
+    They apply when the Trainer's Accelerator creates the process group (the usual case under
+    ``torchrun`` / ``accelerate launch``); a group created earlier keeps its own timeout.
+    """
+    return [InitProcessGroupKwargs(timeout=timedelta(seconds=collective_timeout_s()))]
+
+
+def shared_random_seed(accelerator: Accelerator) -> int:
+    """A random seed, the same on every process: process 0 draws it for all."""
+    drawn = [int(torch.randint(0, 2**31 - 1, ()).item())]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]
+
+
+_cleanup_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the process group when the interpreter exits, once per process.
+
+    Left alive, gloo's threads are still running when the interpreter tears down, and the
+    process can abort ("terminate called without an active exception") after a successful
+    run, so that the launcher reports a failure.
+    """
+    global _cleanup_registered
+    if not _cleanup_registered:
+        atexit.register(_destroy_process_group)
+        _cleanup_registered = True
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
