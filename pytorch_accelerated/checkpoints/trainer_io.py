@@ -90,7 +90,11 @@ class CheckpointMethods:
         return model_files.load_checkpoint(self._training_objects(), checkpoint_path, options, model)
 
     def save_training_state(
-        self, output_dir: str | os.PathLike, checkpoint_kwargs: dict[str, Any] | None = None, *, asynchronous: bool = False
+        self,
+        output_dir: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        *,
+        asynchronous: bool = False,
     ) -> None:
         """Save everything that decides the rest of the run into the directory ``output_dir``.
 
