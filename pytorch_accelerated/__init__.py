@@ -2,10 +2,15 @@
 
 The house, read top-down (each layer imports only the layers below it)::
 
-    trainer             Trainer: train / evaluate and the loop, one method per ML step
-    loaders             the Trainer's data-loader methods (a base class of the Trainer)
-    prediction          the Trainer's predict: outputs of every sample, in data-set order, exactly
-                        once across processes (a base class of the Trainer)
+    trainer             Trainer: train / evaluate and the loop, one method per ML step; it holds
+                        its parts: loaders, state_store (checkpoints/store), the preparation record
+    runs                what happens before and around a run (set-up through the Trainer's
+                        overridable methods, stops and failures): the one adapter that takes the
+                        Trainer, besides the callbacks
+    timm_schedulers     TrainerWithTimmScheduler (re-exported by trainer, as in 0.1.61)
+    loaders             RunLoaders: the run's data loaders, what they were made with, the seed
+    prediction          what predict does: outputs of every sample, in data-set order, exactly
+                        once across processes
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
@@ -16,7 +21,7 @@ The house, read top-down (each layer imports only the layers below it)::
                         plain, sharded, 0.1.x), training_objects (what a state saves), files,
                         directories, discovery, background, rng, finite, state_checks,
                         collective_saves, resume, reshard, sharded, original_states,
-                        model_files, trainer_io (listed in the package's own docstring)
+                        model_files (listed in the package's own docstring)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
                         them under 0.1.61's module paths

@@ -20,10 +20,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from .run_config import TrainerRunConfig
+
+
+class RunWithLoaders(Protocol):
+    """What placeholders are resolved from: a run's config and its prepared loaders (a Trainer)."""
+
+    @property
+    def run_config(self) -> TrainerRunConfig | None: ...
+
+    @property
+    def train_dataloader(self) -> Any: ...
+
+    @property
+    def eval_dataloader(self) -> Any: ...
 
 
 class _Expression:
@@ -56,7 +69,7 @@ class _Expression:
         """Return this expression truncated to an ``int`` once resolved (``int(value)``)."""
         return _Expression(self.placeholder, (*self.ops, ("int", None)))
 
-    def resolve(self, trainer: Trainer) -> Any:
+    def resolve(self, trainer: RunWithLoaders) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
             if is_placeholder(operand):
@@ -91,7 +104,7 @@ def _unknown_length(placeholder: str, what: str) -> ValueError:
 
 
 def _dataloader_len(placeholder: str, loader: str, what: str) -> Callable[[Any], int]:
-    def get(trainer: Trainer) -> int:
+    def get(trainer: RunWithLoaders) -> int:
         try:
             return len(getattr(trainer, loader))
         except TypeError:
@@ -101,7 +114,7 @@ def _dataloader_len(placeholder: str, loader: str, what: str) -> Callable[[Any],
 
 
 def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
-    def get(trainer: Trainer) -> Any:
+    def get(trainer: RunWithLoaders) -> Any:
         config = trainer.run_config
         steps_unknown = getattr(config, "num_update_steps_per_epoch", 0) is None
         if steps_unknown and (
@@ -150,7 +163,7 @@ class TrainerPlaceholderValues(Enum):
     TRAIN_DATALOADER_LEN = "train_dataloader_len"
     EVAL_DATALOADER_LEN = "eval_dataloader_len"
 
-    def resolve(self, trainer: Trainer) -> Any:
+    def resolve(self, trainer: RunWithLoaders) -> Any:
         """Return this placeholder's value for ``trainer``'s current run."""
         return _RESOLVERS[self.name](trainer)
 
@@ -178,7 +191,7 @@ def is_placeholder(value: Any) -> bool:
     return isinstance(value, (TrainerPlaceholderValues, _Expression))
 
 
-def replace_trainer_placeholder_values(trainer: Trainer, instance: Any) -> Any:
+def replace_trainer_placeholder_values(trainer: RunWithLoaders, instance: Any) -> Any:
     """Return ``instance`` with every placeholder argument replaced by its value for ``trainer``.
 
     ``instance`` is a ``functools.partial`` (placeholders may be positional or keyword

@@ -1,5 +1,5 @@
-"""The Trainer's ``predict``: the model's outputs for every sample of a data set, in its order
-(a base class of the Trainer).
+"""What the Trainer's ``predict`` does: the model's outputs for every sample of a data set, in its
+order, each sample exactly once on any number of processes.
 
 Prediction runs on evaluation's loaders: ``create_eval_dataloader`` gives each process its own
 share of the samples (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`: process
@@ -13,160 +13,127 @@ in data-set order by those indices.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from torch import nn
 
-from ._internal.distributed import ProcessUtilities, gather_ragged
+from ._internal.distributed import gather_ragged
 from ._internal.validation import check_collate_fn, check_dataloader_kwargs, check_whole_number
-from .data import (
-    DeviceDataLoader,
-    ShardedEvalBatchSampler,
-    check_same_data_on_every_process,
-    is_map_style,
-    prepare_eval_dataloader,
-)
-from .loaders import DataLoaderMethods
+from .data import DeviceDataLoader, ShardedEvalBatchSampler, is_map_style
 
 #: ``dataloader_kwargs`` that would change which samples are predicted, or their order.
 _ORDER_CHANGING_KWARGS = ("sampler", "batch_sampler", "shuffle", "drop_last")
 
 
-class PredictionMethods(ProcessUtilities, DataLoaderMethods):
-    """The Trainer's :meth:`predict` and its overridable step :meth:`calculate_predict_batch_outputs`."""
+def predict(
+    accelerator: Accelerator,
+    model: nn.Module,
+    loader: DeviceDataLoader,
+    batches: Iterable[Any],
+    predict_batch: Callable[[Any], Any],
+    padding: Callable[[], bool],
+    num_samples: int,
+    padding_value: float,
+) -> Any:
+    """What ``Trainer.predict(dataset, per_device_batch_size=8, dataloader_kwargs=None, collate_fn=None,
+    *, padding_value=0)`` returns: the model's outputs for every sample of ``dataset``, in data-set
+    order. (Here ``batches`` are those of ``loader``, the prepared evaluation loader over ``dataset``;
+    ``padding()`` says whether the current one is a padding batch; ``predict_batch`` is the Trainer's
+    ``calculate_predict_batch_outputs``.)
 
-    def predict(
-        self,
-        dataset: Any,
-        per_device_batch_size: int = 8,
-        dataloader_kwargs: dict[str, Any] | None = None,
-        collate_fn: Any = None,
-        *,
-        padding_value: float = 0,
-    ) -> Any:
-        """Return the model's outputs for every sample of ``dataset``, in data-set order.
+    Each batch goes through :meth:`calculate_predict_batch_outputs` under
+    ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
+    afterwards). Every sample is predicted exactly once, whatever the number of processes,
+    and every process gets the same, whole result, **on the CPU**: a tensor for tensor
+    outputs (the batches concatenated along dim 0), or the same structure of dicts
+    (including a transformers ``ModelOutput``), tuples and lists with each tensor
+    concatenated. Every process must call this.
 
-        Each batch goes through :meth:`calculate_predict_batch_outputs` under
-        ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
-        afterwards). Every sample is predicted exactly once, whatever the number of processes,
-        and every process gets the same, whole result, **on the CPU**: a tensor for tensor
-        outputs (the batches concatenated along dim 0), or the same structure of dicts
-        (including a transformers ``ModelOutput``), tuples and lists with each tensor
-        concatenated. Every process must call this.
+    Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
+    ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
+    ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
+    the run history and fires no callback event.
 
-        Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
-        ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
-        ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
-        the run history and fires no callback event.
+    Args:
+        dataset: a map-style data set (with ``__len__``) of at least one sample.
+        per_device_batch_size: samples per batch on each process.
+        dataloader_kwargs: ``DataLoader`` arguments merged over
+            :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
+            ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
+            or their order (to predict on some samples, pass a ``Subset``).
+        collate_fn: makes a batch from a list of samples (default: the Trainer's
+            ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
+        padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
+            (e.g. sequences as long as the longest of their batch) are padded at the end of
+            each such dim, up to the largest size seen, with this value.
 
-        Args:
-            dataset: a map-style data set (with ``__len__``) of at least one sample.
-            per_device_batch_size: samples per batch on each process.
-            dataloader_kwargs: ``DataLoader`` arguments merged over
-                :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
-                ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
-                or their order (to predict on some samples, pass a ``Subset``).
-            collate_fn: makes a batch from a list of samples (default: the Trainer's
-                ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
-            padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
-                (e.g. sequences as long as the longest of their batch) are padded at the end of
-                each such dim, up to the largest size seen, with this value.
+    Raises:
+        ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
+            tensor does not have one row per sample (each message says how to fix it).
+        TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
+            output is not made of tensors.
 
-        Raises:
-            ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
-                tensor does not have one row per sample (each message says how to fix it).
-            TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
-                output is not made of tensors.
+    >>> import torch
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> from pytorch_accelerated import Trainer
+    >>> model = nn.Linear(2, 1)
+    >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
+    >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
+    >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
+    >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
+    [1.0, 5.0, 9.0, 13.0, 17.0]
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            structure, gathered = _predict_batches(
+                accelerator, loader, batches, predict_batch, padding, padding_value
+            )
+    finally:
+        model.train(was_training)
+    return in_dataset_order(structure, gathered, num_samples, padding_value)
 
-        >>> import torch
-        >>> from torch import nn
-        >>> from torch.utils.data import TensorDataset
-        >>> from pytorch_accelerated import Trainer
-        >>> model = nn.Linear(2, 1)
-        >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
-        >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
-        >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
-        >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
-        [1.0, 5.0, 9.0, 13.0, 17.0]
-        """
-        check_predict_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value)
-        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
-        loader = self._create_predict_dataloader(
-            dataset, per_device_batch_size, dataloader_kwargs, collate_fn
+
+def _predict_batches(
+    accelerator: Accelerator,
+    loader: DeviceDataLoader,
+    batches: Iterable[Any],
+    predict_batch: Callable[[Any], Any],
+    padding: Callable[[], bool],
+    padding_value: float,
+) -> tuple[Any, list[list[torch.Tensor]]]:
+    """Predict each batch and gather it from every process; return the first batch's outputs
+    (their structure) and, per batch, ``[sample indices, *output tensors]`` on the CPU."""
+    structure: Any = None
+    paths: list[str] = []
+    gathered: list[list[torch.Tensor]] = []
+    for batch, sample_indices in zip(batches, loader.batch_sampler, strict=True):
+        outputs = predict_batch(batch)
+        leaves = output_leaves(outputs)
+        if structure is None:
+            structure, paths = outputs, [path for path, _ in leaves]
+        check_batch_leaves(leaves, paths, len(sample_indices))
+        indices = torch.tensor(sample_indices, dtype=torch.int64, device=accelerator.device)
+        tensors = [indices, *(tensor.detach() for _, tensor in leaves)]
+        gathered.append(gather_rows(accelerator, tensors, padding_value, padding()))
+    return structure, gathered
+
+
+def check_predict_loader(loader: Any) -> None:
+    """Fail unless ``loader`` (from ``create_eval_dataloader``) splits the data set with a
+    :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`, which tells each batch's samples."""
+    if not isinstance(loader.batch_sampler, ShardedEvalBatchSampler):
+        raise TypeError(
+            f"predict() needs the loader from create_eval_dataloader to split the data set with a "
+            f"ShardedEvalBatchSampler (as the default one does), to put the outputs back in data-set "
+            f"order; got a {type(loader.batch_sampler).__name__}. Let an override of "
+            f"create_eval_dataloader keep the default batch sampler, or override predict."
         )
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                structure, batches = self._predict_batches(loader, padding_value)
-        finally:
-            self.model.train(was_training)
-        return in_dataset_order(structure, batches, len(dataset), padding_value)
-
-    def calculate_predict_batch_outputs(self, batch: Any) -> Any:
-        """Return the model's outputs for one batch of :meth:`predict`.
-
-        The default calls ``self.model(**batch)`` for a mapping (a dict, a transformers
-        ``BatchEncoding``), ``self.model(batch[0])`` for a tuple or list (``(inputs, targets)``
-        pairs, or ``(inputs,)``), else ``self.model(batch)``. Return a tensor, or dicts, tuples and
-        lists of tensors, each with one row per sample along dim 0 (e.g. ``outputs.logits``
-        rather than a ``ModelOutput`` that also holds a batch's loss). It runs under
-        ``torch.no_grad()`` with the model in eval mode; during a padding batch
-        (:attr:`eval_batch_is_padding`) its outputs are discarded.
-        """
-        if isinstance(batch, Mapping):
-            return self.model(**batch)
-        if isinstance(batch, (tuple, list)):
-            return self.model(batch[0])
-        return self.model(batch)
-
-    def _create_predict_dataloader(
-        self, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any
-    ) -> DeviceDataLoader:
-        """The evaluation loader over ``dataset`` from the overridable ``create_eval_dataloader``,
-        prepared along with the model; the run's ``eval_dataset``, ``collate_fn`` and recorded
-        loader arguments are put back afterwards."""
-        saved = self.eval_dataset, self.collate_fn, getattr(self, "_merged_dl_kwargs", {})
-        self.eval_dataset = dataset
-        self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
-        try:
-            loader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
-            self._set_evaluation_run_config(batch_size, dataloader_kwargs)
-        finally:
-            self.eval_dataset, self.collate_fn, self._merged_dl_kwargs = saved
-        if not isinstance(loader.batch_sampler, ShardedEvalBatchSampler):
-            raise TypeError(
-                f"predict() needs the loader from create_eval_dataloader to split the data set with a "
-                f"ShardedEvalBatchSampler (as the default one does), to put the outputs back in data-set "
-                f"order; got a {type(loader.batch_sampler).__name__}. Let an override of "
-                f"create_eval_dataloader keep the default batch sampler, or override predict."
-            )
-        self._prepare_model_optimizer_and_dataloaders()
-        prepared: DeviceDataLoader = prepare_eval_dataloader(self._accelerator, loader)
-        return prepared
-
-    def _predict_batches(
-        self, loader: DeviceDataLoader, padding_value: float
-    ) -> tuple[Any, list[list[torch.Tensor]]]:
-        """Predict each batch and gather it from every process; return the first batch's outputs
-        (their structure) and, per batch, ``[sample indices, *output tensors]`` on the CPU."""
-        structure: Any = None
-        paths: list[str] = []
-        gathered: list[list[torch.Tensor]] = []
-        for batch, sample_indices in zip(self._eval_batches(loader), loader.batch_sampler, strict=True):
-            outputs = self.calculate_predict_batch_outputs(batch)
-            leaves = output_leaves(outputs)
-            if structure is None:
-                structure, paths = outputs, [path for path, _ in leaves]
-            check_batch_leaves(leaves, paths, len(sample_indices))
-            indices = torch.tensor(sample_indices, dtype=torch.int64, device=self.device)
-            tensors = [indices, *(tensor.detach() for _, tensor in leaves)]
-            gathered.append(
-                gather_rows(self._accelerator, tensors, padding_value, self.eval_batch_is_padding)
-            )
-        return structure, gathered
 
 
 def check_predict_arguments(

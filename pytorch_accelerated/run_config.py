@@ -239,6 +239,7 @@ class RunState:
         pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
             the run's start events have fired.
         step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
+        last_eval_loss: the mean loss of the last evaluation epoch, over every process.
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -250,6 +251,7 @@ class RunState:
     epoch_trained: bool = False
     pending_resume: dict[str, Any] | None = None
     step_metrics: StepMetrics = field(default_factory=StepMetrics)
+    last_eval_loss: float = math.nan
 
     def state_dict(self) -> dict[str, Any]:
         """What every process shares: the loss weighting unit, the shuffle seed, the first epoch,

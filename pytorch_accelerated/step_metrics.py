@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from accelerate import Accelerator
+
+    from .tracking import LossTracker
 
 __all__ = ["StepMetrics"]
 
@@ -134,19 +136,20 @@ class StepMetrics:
 
     # ------------------------------------------------------------------ measuring a point
 
-    def measure(self, trainer: Trainer) -> dict[str, float]:
-        """The metrics of the point due now: one collective call and one device-to-host read.
-        Every process must call it; it starts the next interval."""
-        tracker = trainer.run_state.train_loss
+    def measure(
+        self, accelerator: Accelerator, optimizer: Any, tracker: LossTracker, grad_norm: torch.Tensor | None
+    ) -> dict[str, float]:
+        """The metrics of the point due now, from the training loss's ``tracker`` (the epoch's
+        sum), the ``optimizer``'s learning rates and the last ``grad_norm``: one collective call
+        and one device-to-host read. Every process must call it; it starts the next interval."""
         loss_sum, loss_count = self._pending_loss(tracker.running_total, tracker.count)
-        grad_norm = trainer.last_grad_norm
         summed = [loss_sum, loss_count, self._samples, self._items]
-        values = _reduce_sum(trainer, summed + ([grad_norm] if grad_norm is not None else []))
+        values = _reduce_sum(accelerator, summed + ([grad_norm] if grad_norm is not None else []))
         busy = self._busy + (time.perf_counter() - self._step_start if self._step_start is not None else 0.0)
         metrics = {"train_loss": values[0] / values[1] if values[1] else math.nan}
-        metrics.update(_learning_rates(trainer.optimizer))
+        metrics.update(_learning_rates(optimizer))
         if grad_norm is not None:
-            metrics["grad_norm"] = values[4] / trainer.accelerator.num_processes  # the same on every process
+            metrics["grad_norm"] = values[4] / accelerator.num_processes  # the same on every process
         if busy > 0:
             metrics["samples_per_second"] = values[2] / busy
             if self._has_items:
@@ -154,7 +157,7 @@ class StepMetrics:
             metrics["data_wait_fraction"] = min(self._wait / busy, 1.0)
         if self._updates:
             metrics["step_time_seconds"] = busy / self._updates
-        metrics.update(_peak_memory(trainer.device))
+        metrics.update(_peak_memory(accelerator.device))
         self._loss_mark, self._loss_carry = (_as_float64(tracker.running_total), tracker.count), (0.0, 0)
         step_start = self._step_start
         self._start_interval()
@@ -189,10 +192,10 @@ def _as_float64(value: Any) -> Any:
     return value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else float(value)
 
 
-def _reduce_sum(trainer: Trainer, values: list[Any]) -> list[float]:
+def _reduce_sum(accelerator: Accelerator, values: list[Any]) -> list[float]:
     """Sum ``values`` (host numbers or device tensors) over the processes with one collective
     call, and read the result with one device-to-host copy."""
-    device = trainer.device
+    device = accelerator.device
     # The host numbers in one tensor, then the device values: a few ops rather than a few per value.
     host = [float(value) for value in values if not isinstance(value, torch.Tensor)]
     on_device = [
@@ -201,8 +204,8 @@ def _reduce_sum(trainer: Trainer, values: list[Any]) -> list[float]:
         if isinstance(v, torch.Tensor)
     ]
     stacked = torch.cat([torch.tensor(host, dtype=torch.float64, device=device), *on_device])
-    if trainer.accelerator.num_processes > 1:
-        stacked = trainer.accelerator.reduce(stacked, reduction="sum")
+    if accelerator.num_processes > 1:
+        stacked = accelerator.reduce(stacked, reduction="sum")
     read = stacked.tolist()
     host_read, device_read = iter(read[: len(host)]), iter(read[len(host) :])
     return [next(device_read) if isinstance(value, torch.Tensor) else next(host_read) for value in values]

@@ -100,6 +100,10 @@ class RunHistory(ABC):
 
     # ------------------------------------------------------------------ step-indexed series
 
+    def metric_counts(self) -> dict[str, int]:
+        """How many values each metric has so far, by name."""
+        return {name: len(self.get_metric_values(name)) for name in self.get_metric_names()}
+
     def update_step_metric(self, metric_name: str, step: int, metric_value: Any) -> None:
         """Record ``metric_value`` of the step-indexed series ``metric_name`` (with the current
         prefix) at optimizer update ``step`` (the number of completed updates).

@@ -3,36 +3,42 @@
 Methods without a prefix are meant to be overridden (``create_*`` / ``calculate_*`` / ``get_*``
 return a value, the others change state); each is followed by the callback event of the same
 name with ``on_`` in front. The order of events is documented in docs/inside-the-trainer.md
-and pinned by tests/test_event_order.py.
+and pinned by tests/test_event_order.py. The Trainer holds its parts as objects: ``loaders``
+(:class:`~pytorch_accelerated.loaders.RunLoaders`), ``state_store``
+(:class:`~pytorch_accelerated.checkpoints.store.TrainingStateStore`) and its record of what was
+prepared; what happens before and around a run is in :mod:`pytorch_accelerated.runs`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
+from torch.utils.data import DataLoader
 
+from . import runs
 from ._internal.accelerator_checks import check_accelerator, has_accelerator_device
-from ._internal.accumulation import WindowWeighting, accumulation_windows
-from ._internal.distributed import ProcessUtilities, mean_over_processes
-from ._internal.hangs import explain_collective_failure
+from ._internal.accumulation import accumulation_windows
+from ._internal.distributed import (
+    gather,
+    gather_ragged,
+    mean_over_processes,
+    print_once_per_node,
+    ranks_where,
+)
 from ._internal.launch_checks import check_every_process_joins
+from ._internal.preparation import Preparation
 from ._internal.process_group import destroy_process_group_at_exit, process_group_kwargs
 from ._internal.validation import (
     batch_size_of,
     check_batch_output,
     check_callbacks,
-    check_epochs_have_batches,
-    check_evaluate_arguments,
-    check_something_left_to_train,
-    check_train_arguments,
     check_trainer_arguments,
     loss_of,
     unpack_batch,
@@ -45,21 +51,21 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     MoveModulesToDeviceCallback,
     PrintProgressCallback,
     ProgressBarCallback,
-    StopTrainingError,
     TerminateOnNaNCallback,
     TrainerCallback,
 )
 from .callbacks.limits import limit_batches_callback_from_env
+from .checkpoints import model_files
 from .checkpoints.store import TrainingStateStore
-from .checkpoints.trainer_io import CheckpointMethods
 from .data import (
     batches_per_epoch,
     check_same_data_on_every_process,
     check_stream_gave_batches,
+    prepare_eval_dataloader,
 )
-from .loaders import DataLoaderMethods
+from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
-from .prediction import PredictionMethods
+from .prediction import check_predict_arguments, predict
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
@@ -82,7 +88,7 @@ __all__ = [
 ]
 
 
-class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, CheckpointMethods):
+class Trainer:
     """Trains and evaluates a model with a complete, distributed-ready loop.
 
     Args:
@@ -127,11 +133,14 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
         check_accelerator(self._accelerator)
-        self.state_store = TrainingStateStore(self._accelerator)
         if self._accelerator.num_processes > 1:
             destroy_process_group_at_exit()
         if env_limit is not None:
             self.print(env_limit.announcement())
+        # The parts, each with its own state (loaders; what was prepared; training states).
+        self.loaders = RunLoaders(self._accelerator)
+        self._preparation = Preparation(self._accelerator)
+        self.state_store = TrainingStateStore(self._accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[..., Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -140,28 +149,15 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self.run_config: TrainerRunConfig | None = None
         self.progress, self.run_state = RunProgress(), RunState()
         self.last_grad_norm: torch.Tensor | None = None
-        self._train_dataloader: Any = None
-        self._eval_dataloader: Any = None
-        self._train_generator: torch.Generator | None = None
-        self._seed: int | None = None
-        self._prepared_model: nn.Module | None = None
-        self._prepared_optimizer: Any = None
-        self._direct_steps = False
-        self._last_eval_loss = float("nan")
-        self._run_end_event("on_init_end")
-
-    # ------------------------------------------------------------------ set-up
+        self._eval_batch_is_padding = False
+        runs.run_end_event(self, "on_init_end")
 
     def _create_accelerator(self) -> Accelerator:
         """Create the ``accelerate.Accelerator``; override to set mixed precision, plugins, etc.
 
-        Configuration from ``accelerate config``, ``accelerate launch`` or the environment
-        applies as usual. Do not set accelerate's ``gradient_accumulation_steps``: pass
-        ``gradient_accumulation_steps`` to :meth:`train` instead.
-
-        When the script was launched as a group of processes (``WORLD_SIZE`` > 1) on a machine
-        with no accelerator, the processes form a CPU (gloo) group, as ``ACCELERATE_USE_CPU=1``
-        would make them: accelerate alone would leave each one training the whole run.
+        Configuration from ``accelerate config``, ``accelerate launch`` or the environment applies
+        as usual (pass ``gradient_accumulation_steps`` to :meth:`train`, not here). A group of
+        processes launched on a machine with no accelerator forms a CPU (gloo) group.
         """
         launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
         # Collectives time out after PT_ACC_COLLECTIVE_TIMEOUT s, not 30 min (inside-the-trainer.md).
@@ -219,73 +215,8 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         >>> len(trainer.run_history.get_metric_values("eval_loss_epoch"))
         3
         """
-        settings: dict[str, Any] = {
-            "num_epochs": num_epochs,
-            "per_device_batch_size": per_device_batch_size,
-            "max_num_train_steps": max_num_train_steps,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "gradient_clip_value": gradient_clip_value,
-            "max_grad_norm": max_grad_norm,
-        }
-        set_up = functools.partial(
-            self._set_up_training,
-            settings,
-            datasets=(train_dataset, eval_dataset),
-            dataloader_kwargs=(train_dataloader_kwargs, eval_dataloader_kwargs),
-            create_scheduler_fn=create_scheduler_fn,
-            collate_fn=collate_fn,
-            seed=seed,
-            reset_run_history=reset_run_history,
-            resume_from=resume_from,
-        )
-        check_train_arguments(self._accelerator, self.model, self.optimizer, settings, **set_up.keywords)
-        self._run_guarded(set_up, self._run_training, end="training_run_end", stopped="Training stopped")
-
-    def _set_up_training(
-        self,
-        settings: dict[str, Any],
-        datasets: tuple[Any, Any],
-        dataloader_kwargs: tuple[dict[str, Any] | None, dict[str, Any] | None],
-        create_scheduler_fn: Callable[..., Any] | None,
-        collate_fn: Callable[..., Any] | None,
-        seed: int | None,
-        reset_run_history: bool,
-        resume_from: str | os.PathLike | None,
-    ) -> None:
-        """Everything before the run starts: loaders, preparation, run config, scheduler, resume."""
-        self._start_run(datasets, collate_fn, seed, reset_run_history)
-        check_same_data_on_every_process(
-            self._accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]}
-        )
-        self.create_scheduler_fn = create_scheduler_fn
-        self._create_dataloaders(settings["per_device_batch_size"], *dataloader_kwargs)
-        self._prepare_model_optimizer_and_dataloaders()
-        check_epochs_have_batches(self)
-        self.run_config = self._create_run_config(
-            **settings, **self._run_config_dl_kwargs(*dataloader_kwargs)
-        )
-        self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self.run_state.window = WindowWeighting(
-            self._accelerator, self.run_config.train_per_device_batch_size
-        )
-        if resume_from is not None:
-            with self.state_store.resuming():  # through the overridable load_training_state
-                self.load_training_state(resume_from)
-            check_something_left_to_train(self.progress, self.run_config, resume_from)
-
-    def _start_run(
-        self, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset_run_history: bool
-    ) -> None:
-        self.train_dataset, self.eval_dataset = datasets
-        self.collate_fn = collate_fn
-        self._eval_dataloader = None
-        self._set_seed(seed)
-        if reset_run_history:
-            self.run_history.reset()
-            self.run_history.reset_step_metrics()
-        self.last_grad_norm = None
-        self.progress = RunProgress()
-        self.run_state = RunState(history_first_epoch=self.run_history.current_epoch)
+        arguments = {name: value for name, value in locals().items() if name != "self"}
+        runs.train(self, arguments)  # checked, set up, then run through _run_training
 
     def evaluate(
         self,
@@ -311,52 +242,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         >>> Trainer(model, nn.MSELoss(), optimizer=None, callbacks=()).evaluate(data)
         {'evaluation_loss': 1.0}
         """
-        dataset = dataset if dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError(
-                "evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset."
-            )
-        check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
-        recorded_before = self._metric_counts()
-        set_up = functools.partial(
-            self._set_up_evaluation, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed
-        )
-        self._run_guarded(
-            set_up, self._run_evaluation, end="evaluation_run_end", stopped="Evaluation stopped"
-        )
-        return {
-            name: self.run_history.get_latest_metric(name)
-            for name, count in self._metric_counts().items()
-            if count > recorded_before.get(name, 0)
-        }
-
-    def _set_up_evaluation(
-        self,
-        dataset: Any,
-        batch_size: int,
-        dataloader_kwargs: dict[str, Any] | None,
-        collate_fn: Any,
-        seed: int | None,
-    ) -> None:
-        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
-        self.eval_dataset = dataset
-        if collate_fn is not None:
-            self.collate_fn = collate_fn
-        self._set_seed(seed)
-        self._eval_dataloader = self.create_eval_dataloader(batch_size, dataloader_kwargs)
-        self._set_evaluation_run_config(batch_size, dataloader_kwargs)
-        self._prepare_model_optimizer_and_dataloaders()
-        check_epochs_have_batches(self, evaluation=True)
-
-    def _run_evaluation(self) -> None:
-        self._run_method_then_event("evaluation_run_start")
-        self._run_eval_epoch(self._eval_dataloader, is_evaluation_run=True)
-
-    def _metric_counts(self) -> dict[str, int]:
-        history = self.run_history
-        return {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}
-
-    # ------------------------------------------------------------------ run config and scheduler
+        return runs.evaluate(self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
 
     def _create_run_config(
         self,
@@ -370,18 +256,10 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         max_grad_norm: float | None = None,
     ) -> TrainerRunConfig:
         """Return the frozen :class:`TrainerRunConfig` for this run."""
+        settings = {name: value for name, value in locals().items() if name != "self"}
+        batches = batches_per_epoch(self.loaders.train)
         return TrainerRunConfig.for_run(
-            self._accelerator,
-            num_batches_per_epoch=batches_per_epoch(self._train_dataloader),
-            per_device_batch_size=per_device_batch_size,
-            num_epochs=num_epochs,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            max_num_train_steps=max_num_train_steps,
-            gradient_clip_value=gradient_clip_value,
-            max_grad_norm=max_grad_norm,
-            train_dl_kwargs=train_dl_kwargs,
-            eval_dl_kwargs=eval_dl_kwargs,
-            seed=self._seed,
+            self._accelerator, num_batches_per_epoch=batches, seed=self.loaders.seed, **settings
         )
 
     def create_scheduler(self) -> Any:
@@ -391,53 +269,47 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
 
     # ------------------------------------------------------------------ the loop
 
+    # ------------------------------------------------------------------ overridable: set-up
+
+    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
+        return self.loaders.default_kwargs(self.train_dataset, batch_size, shuffle=True)
+
+    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
+        return self.loaders.default_kwargs(self.eval_dataset, batch_size, shuffle=False)
+
+    def create_train_dataloader(
+        self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
+        """Return the training ``DataLoader`` (before it is prepared for distribution)."""
+        kwargs = self.loaders.merge("train", self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+        return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs, self.run_state)
+
+    def create_eval_dataloader(
+        self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
+        """Return the evaluation ``DataLoader``: by default every process gets its own share of the
+        samples, each sample exactly once, and the same number of batches."""
+        kwargs = self.loaders.merge("eval", self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+        custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
+        return self.loaders.make_eval_loader(
+            self.eval_dataset, self.collate_fn, kwargs, batch_size, custom_order
+        )
+
+    def _prepare_model_optimizer_and_dataloaders(self) -> None:
+        """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
+        loaders = self.loaders
+        self.model, self.optimizer, loaders.train = self._preparation.prepare(
+            self.model, self.optimizer, loaders.train
+        )
+        loaders.eval = prepare_eval_dataloader(self._accelerator, loaders.eval)
+
+    # ------------------------------------------------------------------ the loop
+
     def _run_method_then_event(self, name: str, **event_kwargs: Any) -> None:
         getattr(self, name)()
         self.callback_handler.call_event(f"on_{name}", self, **event_kwargs)
-
-    def _run_guarded(
-        self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str
-    ) -> None:
-        """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
-
-        Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
-        any other exception reaches the caller as it is. From ``body`` on, a ``StopTrainingError``
-        ends it cleanly (``on_stop_training_error``, then the end hooks) and any other exception
-        fires ``on_exception``, then reaches the caller unchanged.
-        """
-        try:
-            set_up()
-        except StopTrainingError as error:
-            self.print(f"{stopped} before it started: {error}")
-            return
-        with self._announcing_failures(), self.state_store.finishing_run():
-            try:
-                body()
-            except StopTrainingError as error:
-                self.print(f"{stopped}: {error}")
-                self._run_end_event("on_stop_training_error")
-            self._run_end_event(end)
-
-    @contextmanager
-    def _announcing_failures(self) -> Iterator[None]:
-        try:
-            yield
-        except StopTrainingError:
-            raise
-        except BaseException as error:
-            explain_collective_failure(self, error)  # a note: which rank, where, probably why
-            self.callback_handler.call_exception_event(self, error)
-            raise
-
-    def _run_end_event(self, name: str) -> None:
-        """Run the end hook ``name`` (an overridable method, if there is one) and its event; a
-        :class:`StopTrainingError` raised in it skips the rest of it."""
-        try:
-            if not name.startswith("on_"):
-                getattr(self, name)()
-            self.callback_handler.call_event(name if name.startswith("on_") else f"on_{name}", self)
-        except StopTrainingError as error:
-            self.print(f"Stopped during {name}: {error}")
 
     def _run_training(self) -> None:
         """Start the run, then run every epoch: train, evaluate, ``training_run_epoch_end``, until
@@ -446,10 +318,10 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self.state_store.apply_pending_resume(self.run_state, self.callback_handler)
         while self.progress.epoch < self._config().num_epochs:
             if not self.run_state.epoch_trained:  # trained already when resumed during evaluation
-                self._run_train_epoch(self._train_dataloader)
+                self._run_train_epoch(self.loaders.train)
                 self.run_state.epoch_trained = True
-            if self._eval_dataloader is not None:
-                self._run_eval_epoch(self._eval_dataloader)
+            if self.loaders.eval is not None:
+                self._run_eval_epoch(self.loaders.eval)
             self._end_epoch()
             if self._reached_max_steps():
                 break
@@ -506,13 +378,13 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
 
     def _start_train_epoch(self, train_dl: Any) -> Any:
         sampler = self.run_state.train_sampler
-        if sampler is not None and self._train_generator is not None:
+        if sampler is not None and self.loaders.train_generator is not None:
             # Workers' seeds then depend on the epoch only, as the shuffle order does.
-            self._train_generator.manual_seed(sampler.seed + self.progress.epoch)
-        loader_before = self._train_dataloader
+            self.loaders.train_generator.manual_seed(sampler.seed + self.progress.epoch)
+        loader_before = self.loaders.train
         self._run_method_then_event("train_epoch_start")
-        if self._train_dataloader is not loader_before:  # replaced by a callback for this epoch
-            train_dl = self._train_dataloader
+        if self.loaders.train is not loader_before:  # replaced by a callback for this epoch
+            train_dl = self.loaders.train
         if self.progress.batch_index == 0 and not (
             sampler is not None and sampler.skipped_in(self.progress.epoch)
         ):
@@ -552,7 +424,9 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self.optimizer_step()
         self.scheduler_step()
         self.optimizer_zero_grad()
-        if not self._direct_steps and self._accelerator.optimizer_step_was_skipped:  # no scaler: never
+        if (
+            not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
+        ):  # no scaler: never
             return False
         self.progress.global_step += 1
         self.progress.epoch_step += 1
@@ -564,7 +438,8 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         then fire ``on_step_metrics``: before ``on_train_step_end``, so a state saved at this
         step is published after its point was logged."""
         step = self.progress.global_step
-        metrics = self.run_state.step_metrics.measure(self)
+        loss, grad_norm = self.run_state.train_loss, self.last_grad_norm
+        metrics = self.run_state.step_metrics.measure(self._accelerator, self.optimizer, loss, grad_norm)
         for name, value in metrics.items():
             self.run_history.update_step_metric(name, step, value)
         self.callback_handler.call_event("on_step_metrics", self, step=step, metrics=metrics)
@@ -581,11 +456,11 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False
     ) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
-        loader_before = self._eval_dataloader
+        loader_before = self.loaders.eval
         self.eval_epoch_start()
         self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
-        if self._eval_dataloader is not loader_before:  # replaced by a callback for this epoch
-            eval_dl = self._eval_dataloader
+        if self.loaders.eval is not loader_before:  # replaced by a callback for this epoch
+            eval_dl = self.loaders.eval
         eval_loss = self.run_state.eval_loss
         eval_loss.reset()
         with torch.no_grad():
@@ -599,11 +474,13 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
                     "on_eval_step_end", self, batch=batch, batch_output=batch_output
                 )
         # Computed before the end events: a callback there may run another evaluation.
-        self._last_eval_loss = self._mean_over_processes(eval_loss)
-        if is_evaluation_run:
-            self.run_history.update_metric("evaluation_loss", self._last_eval_loss)
-        elif not is_intermediate:
-            self.run_history.update_metric("eval_loss_epoch", self._last_eval_loss)
+        mean = self.run_state.last_eval_loss = mean_over_processes(
+            self._accelerator, eval_loss.running_total, eval_loss.count
+        )
+        if is_evaluation_run or not is_intermediate:
+            self.run_history.update_metric(
+                "evaluation_loss" if is_evaluation_run else "eval_loss_epoch", mean
+            )
         self.eval_epoch_end()
         self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
 
@@ -615,47 +492,30 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
         is_intermediate: bool = True,
         metric_name_prefix: str = "",
     ) -> float:
-        """Run an extra evaluation epoch during training, for callbacks; return its mean loss.
-
-        Args:
-            dataloader: what to evaluate on (default: the run's evaluation loader).
-            model: evaluate this model (e.g. an EMA copy) in place of ``trainer.model``.
-            is_intermediate: passed to the eval events; an intermediate evaluation records no
-                ``eval_loss_epoch``.
-            metric_name_prefix: prefix for every metric recorded during this epoch.
-
-        The model's train/eval mode, ``trainer.model`` and the history's prefix are restored
-        afterwards, so training continues exactly as before. Every process must call this.
-        """
-        dataloader = dataloader if dataloader is not None else self._eval_dataloader
-        if dataloader is None:
-            raise ValueError("run_eval_epoch() needs a dataloader: this run has no eval_dataset.")
-        original_model, original_loader = self.model, self._eval_dataloader
-        previous_prefix = self.run_history.metric_name_prefix
-        was_training = original_model.training
-        self.model, self._eval_dataloader = model if model is not None else original_model, dataloader
-        self.run_history.set_metric_name_prefix(metric_name_prefix)
-        try:
-            self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
-            return self._last_eval_loss
-        finally:
-            self.model, self._eval_dataloader = original_model, original_loader
-            self.run_history.set_metric_name_prefix(previous_prefix)
-            original_model.train(was_training)
+        """Run an extra evaluation epoch during training, for callbacks (on ``model``, e.g. an EMA
+        copy; with its metrics' names prefixed); return its mean loss. See :func:`.runs.run_eval_epoch`."""
+        return runs.run_eval_epoch(self, dataloader, model, is_intermediate, metric_name_prefix)
 
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.train_steps_limit if self.run_config else None
         return limit is not None and self.progress.global_step >= limit
 
-    # ------------------------------------------------------------------ loss means
-
-    def _mean_over_processes(self, tracker: LossTracker) -> float:
-        return mean_over_processes(self._accelerator, tracker.running_total, tracker.count)
-
     def _record_mean_loss(self, tracker: LossTracker, metric_name: str) -> None:
-        self.run_history.update_metric(metric_name, self._mean_over_processes(tracker))
+        self.run_history.update_metric(
+            metric_name, mean_over_processes(self._accelerator, tracker.running_total, tracker.count)
+        )
 
-    # ------------------------------------------------------------------ overridable: steps
+    def _eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
+        real = None
+        try:
+            for number, batch in enumerate(loader):
+                if real is None:  # a stream's loader knows it only at its end; then it stays
+                    real = getattr(loader, "num_real_batches", None)
+                self._eval_batch_is_padding = real is not None and number >= real
+                yield batch
+        finally:
+            self._eval_batch_is_padding = False
 
     def training_run_start(self) -> None:
         """Called at the start of :meth:`train`, before ``on_training_run_start``."""
@@ -693,7 +553,7 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
 
     def backward_step(self, loss: torch.Tensor) -> None:
         """Compute gradients of ``loss``."""
-        if self._direct_steps:
+        if self._preparation.direct_steps:
             loss.backward()  # all that accelerator.backward(loss) does here, but divide by 1
         else:
             self._accelerator.backward(loss)
@@ -758,29 +618,182 @@ class Trainer(PredictionMethods, ProcessUtilities, DataLoaderMethods, Checkpoint
 
     @property
     def running_loss(self) -> float:
-        """The mean training loss of the current epoch so far on this process.
-
-        Reading it copies a value from the device: a sync point, so read it sparingly.
-        """
+        """The mean training loss of the epoch so far on this process (a device read: a sync point)."""
         return self.run_state.train_loss.average
 
+    # ------------------------------------------------------------------ processes and devices
 
-class TrainerWithTimmScheduler(Trainer):
-    """A Trainer for timm schedulers, which are stepped per update and per epoch.
+    @property
+    def accelerator(self) -> Accelerator:
+        """The ``accelerate.Accelerator`` this Trainer runs on (read-only)."""
+        return self._accelerator
 
-    timm schedulers take the number of the update or epoch that comes next:
-    ``step_update(num_updates)`` after each optimizer update and ``step(epoch)`` after each
-    epoch (with the evaluation loss, when there is one, as the metric).
-    """
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._accelerator.device
 
-    def scheduler_step(self) -> None:
-        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
-            self.scheduler.step_update(num_updates=self.progress.global_step + 1)
+    @property
+    def is_local_process_zero(self) -> bool:
+        """True on the main process of each node."""
+        return self._accelerator.is_local_main_process
 
-    def training_run_epoch_end(self) -> None:
-        if self.scheduler is None:
-            return
-        metric = None
-        if self._eval_dataloader is not None:  # this run evaluated: its loss is the metric
-            metric = self.run_history.get_latest_metric("eval_loss_epoch")
-        self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)
+    @property
+    def is_world_process_zero(self) -> bool:
+        """True on the main process of the whole job."""
+        return self._accelerator.is_main_process
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per node (on each node's main process), above any open progress bar."""
+        print_once_per_node(self._accelerator, *args, **kwargs)
+
+    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
+        """Concatenate ``tensor`` from every process along dim 0, lengths may differ (every process
+        must call this); see :func:`._internal.distributed.gather` for ``padding_value``."""
+        return gather(self._accelerator, tensor, padding_value)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather nested tensors (dicts, lists, tuples) from every process, each sample once; leaves
+        may differ in length along dim 0. During a padding batch of evaluation
+        (:attr:`eval_batch_is_padding`) this process adds no rows. Every process must call this."""
+        return gather_ragged(self._accelerator, data, padding=self._eval_batch_is_padding)
+
+    @property
+    def eval_batch_is_padding(self) -> bool:
+        """True while an evaluation batch that only repeats a sample (to even out the processes'
+        batch counts) is evaluated: its loss is not counted and :meth:`gather_for_metrics`
+        gathers nothing from it. A metric updated on each process separately should skip it."""
+        return self._eval_batch_is_padding
+
+    def any_process(self, flag: bool | torch.Tensor) -> bool:
+        """True on every process if ``flag`` is true on any (every process must call this)."""
+        return bool(ranks_where(self._accelerator, flag))
+
+    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
+        """Return the model without its distributed wrappers."""
+        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The prepared training loader of the current run; set in ``on_train_epoch_start``, a
+        replacement is used for that epoch."""
+        return self.loaders.train
+
+    @train_dataloader.setter
+    def train_dataloader(self, dataloader: Any) -> None:
+        self.loaders.train = dataloader
+
+    @property
+    def eval_dataloader(self) -> Any:
+        """The prepared evaluation loader of the current run or evaluation; set in
+        ``on_eval_epoch_start``, a replacement is used for that epoch."""
+        return self.loaders.eval
+
+    @eval_dataloader.setter
+    def eval_dataloader(self, dataloader: Any) -> None:
+        self.loaders.eval = dataloader
+
+    # ------------------------------------------------------------------ prediction and checkpoints
+
+    def predict(
+        self,
+        dataset: Any,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Any = None,
+        *,
+        padding_value: float = 0,
+    ) -> Any:
+        """Return the model's outputs for every sample of ``dataset``, in data-set order, on the CPU,
+        each sample once whatever the number of processes; every process must call this. See
+        :func:`.prediction.predict` for the arguments and what is returned."""
+        check_predict_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value)
+        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
+        loader = runs.predict_loader(self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn)
+        batches, padding = self._eval_batches(loader), lambda: self._eval_batch_is_padding
+        step = self.calculate_predict_batch_outputs
+        return predict(
+            self._accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
+        )
+
+    def calculate_predict_batch_outputs(self, batch: Any) -> Any:
+        """Return the model's outputs for one batch of :meth:`predict`: ``model(**batch)`` for a
+        mapping, ``model(batch[0])`` for a tuple or list, else ``model(batch)``. Return tensors with
+        one row per sample along dim 0 (e.g. ``outputs.logits``); see :func:`.prediction.predict`."""
+        if isinstance(batch, Mapping):
+            return self.model(**batch)
+        if isinstance(batch, (tuple, list)):
+            return self.model(batch[0])
+        return self.model(batch)
+
+    def save_checkpoint(
+        self,
+        save_path: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        save_per_node: bool = True,
+        *,
+        model: nn.Module | None = None,
+    ) -> None:
+        """Save the model (and optimizer, scheduler) with ``checkpoint_kwargs`` to one file, atomically;
+        every process must call this. See :func:`.checkpoints.model_files.save_checkpoint`."""
+        options = (save_optimizer, save_scheduler, save_per_node)
+        model_files.save_checkpoint(runs.training_objects(self), save_path, checkpoint_kwargs, options, model)
+
+    def load_checkpoint(
+        self,
+        checkpoint_path: str | os.PathLike,
+        load_optimizer: bool = True,
+        load_scheduler: bool = True,
+        *,
+        model: nn.Module | None = None,
+    ) -> dict[str, Any]:
+        """Load a file written by :meth:`save_checkpoint`, all or nothing, and return its whole dict.
+        See :func:`.checkpoints.model_files.load_checkpoint`."""
+        options = (load_optimizer, load_scheduler)
+        return model_files.load_checkpoint(runs.training_objects(self), checkpoint_path, options, model)
+
+    def save_training_state(
+        self,
+        output_dir: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        *,
+        asynchronous: bool = False,
+    ) -> None:
+        """Save everything that decides the rest of the run into the directory ``output_dir``, now or
+        (``asynchronous``) in the background; every process must call this, between optimizer
+        updates. See :meth:`.checkpoints.store.TrainingStateStore.save`.
+
+        >>> import tempfile, torch
+        >>> from pytorch_accelerated import Trainer
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+        >>> def new_trainer():
+        ...     model = nn.Linear(3, 1)
+        ...     return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+        >>> trainer = new_trainer()
+        >>> trainer.train(data, num_epochs=1, per_device_batch_size=4)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
+        ...     resumed = new_trainer()
+        ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
+        >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
+        12
+        """
+        self.state_store.save(runs.training_objects(self), output_dir, checkpoint_kwargs, asynchronous)
+
+    def wait_for_training_state(self) -> None:
+        """Wait until a state saved with ``asynchronous=True`` is published (raising its error if it
+        failed); every process must call this. See :meth:`.checkpoints.store.TrainingStateStore.wait`."""
+        self.state_store.wait()
+
+    def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
+        """Restore a state saved by :meth:`save_training_state` (or the newest good one in a folder);
+        return ``{"current_epoch": E, **checkpoint_kwargs}``. ``train(resume_from=...)`` calls this
+        (so an override runs there too). See :meth:`.checkpoints.store.TrainingStateStore.load`."""
+        return self.state_store.load(runs.training_objects(self), input_dir)
+
+
+from .timm_schedulers import TrainerWithTimmScheduler  # noqa: E402 (a subclass of the Trainer above)

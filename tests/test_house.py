@@ -19,6 +19,16 @@ PACKAGE = Path(pytorch_accelerated.__file__).parent
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 40
+#: The Trainer's methods with an underscore that the docs name as extension points users override.
+DOCUMENTED_EXTENSION_POINTS = {
+    "_create_accelerator",
+    "_prepare_model_optimizer_and_dataloaders",
+    "_create_run_config",
+    "_run_training",
+    "_run_train_epoch",
+    "_run_eval_epoch",
+    "_clip_gradients",
+}
 
 
 def module_name(path: Path) -> str:
@@ -87,14 +97,14 @@ def _imported_modules(path: Path, node: ast.ImportFrom | ast.Import) -> list[str
     return [target, *(f"{target}.{alias.name}" for alias in node.names)]
 
 
-def test_only_the_package_entry_point_imports_the_trainer_at_run_time() -> None:
+def test_only_the_package_entry_point_and_the_trainer_subclass_import_the_trainer_at_run_time() -> None:
     importers = [
         module_name(path)
         for path in MODULES
         for node in _imports_outside_type_checking(parse(path))
         if "pytorch_accelerated.trainer" in _imported_modules(path, node)
     ]
-    assert importers == ["pytorch_accelerated"]
+    assert sorted(importers) == ["pytorch_accelerated", "pytorch_accelerated.timm_schedulers"]
 
 
 def test_lower_layers_do_not_import_upper_ones() -> None:
@@ -139,13 +149,15 @@ def test_no_module_reaches_into_private_names_of_the_trainer_or_other_modules() 
     for path in MODULES:
         tree = parse(path)
         for node in ast.walk(tree):
-            # trainer._anything, outside the Trainer's own module
+            # trainer._anything, outside the Trainer's own module, but the extension points that
+            # the docs name (public API despite the underscore)
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name)
                 and node.value.id == "trainer"
                 and node.attr.startswith("_")
                 and not node.attr.startswith("__")
+                and node.attr not in DOCUMENTED_EXTENSION_POINTS
             ):
                 reaching.append(f"{module_name(path)}:{node.lineno} trainer.{node.attr}")
             # from .module import _private
@@ -176,3 +188,124 @@ def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it()
         )
         == []
     )
+
+
+# ---------------------------------------------------------------------------- the typing graph
+
+MODULE_NAMES = {module_name(path) for path in MODULES}
+TRAINER = "pytorch_accelerated.trainer"
+#: The modules that may name the Trainer, even for typing: the callbacks (each event hands them
+#: the Trainer), the one adapter that sets up its runs, the entry point, and the subclass that the
+#: trainer module re-exports under 0.1.61's path.
+MAY_NAME_THE_TRAINER = {
+    "pytorch_accelerated",
+    "pytorch_accelerated.runs",
+    "pytorch_accelerated.timm_schedulers",
+}
+
+
+def _all_imports(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports, at run time or for typing (``from . import x``
+    counts as importing the module ``x``, not the package)."""
+    targets = set()
+    for node in ast.walk(parse(path)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found = _imported_modules(path, node)
+            submodules = [name for name in found[1:] if name in MODULE_NAMES]
+            targets |= set(submodules) if isinstance(node, ast.ImportFrom) and submodules else set(found)
+    return {target for target in targets if target in MODULE_NAMES and target != module_name(path)}
+
+
+IMPORT_GRAPH = {module_name(path): _all_imports(path) for path in MODULES}
+
+
+def _names_the_trainer_by_design(module: str) -> bool:
+    return module in MAY_NAME_THE_TRAINER or module.startswith("pytorch_accelerated.callbacks")
+
+
+def test_only_the_callbacks_and_the_run_adapter_name_the_trainer_even_for_typing() -> None:
+    naming = sorted(module for module, targets in IMPORT_GRAPH.items() if TRAINER in targets)
+    assert [module for module in naming if not _names_the_trainer_by_design(module)] == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_with_typing_imports_has_no_circle_besides_the_trainers_observers() -> None:
+    # The modules that name the Trainer by design point back at it; without those edges back,
+    # every import, for typing too, goes one way.
+    forward = {
+        module: {
+            target for target in targets if not (target == TRAINER and _names_the_trainer_by_design(module))
+        }
+        for module, targets in IMPORT_GRAPH.items()
+    }
+    assert _cycles(forward) == []
+
+
+def test_the_house_test_finds_a_circle_where_there_is_one() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---------------------------------------------------------------------------- composition
+
+
+def test_the_trainer_has_no_base_class_and_holds_its_parts() -> None:
+    from pytorch_accelerated.checkpoints.store import TrainingStateStore
+    from pytorch_accelerated.loaders import RunLoaders
+    from pytorch_accelerated.trainer import Trainer
+
+    assert Trainer.__bases__ == (object,)
+    source = (PACKAGE / "trainer.py").read_text()
+    assert "self.loaders = RunLoaders(" in source and "self.state_store = TrainingStateStore(" in source
+    assert RunLoaders.__bases__ == TrainingStateStore.__bases__ == (object,)
+
+
+def test_no_module_keeps_state_keyed_by_trainer_or_run_in_module_globals() -> None:
+    # Module-level containers that code mutates (weak dictionaries, sets, lists, dicts) are state
+    # shared across every Trainer; the parts hold their own. The one exception is process-wide:
+    # the rendezvous store server of a hand-set launch, which must outlive the check.
+    mutable = ("WeakKeyDictionary", "WeakSet", "WeakValueDictionary", "set", "list", "dict")
+    found = []
+    for path in MODULES:
+        for node in parse(path).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if value is None:
+                continue
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            empty_literal = isinstance(value, (ast.List, ast.Set, ast.Dict)) and not (
+                getattr(value, "elts", None) or getattr(value, "keys", None)
+            )
+            call = isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in mutable
+            if empty_literal or call:
+                found.append(f"{module_name(path)}.{ast.unparse(target)}")
+    assert found == ["pytorch_accelerated._internal.launch_checks._servers"]

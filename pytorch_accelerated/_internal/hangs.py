@@ -37,9 +37,9 @@ _COLLECTIVE_FAILURES = (
 )
 
 
-def describe_position(trainer: Any) -> str:
-    """Where the run is, for messages: ``after on_train_step_start of epoch 2 (training batch 3)``."""
-    handler, progress = trainer.callback_handler, trainer.progress
+def describe_position(handler: Any, progress: Any) -> str:
+    """Where the run is (``handler``'s last event, ``progress``'s epoch and batch), for messages:
+    ``after on_train_step_start of epoch 2 (training batch 3)``."""
     current, last = getattr(handler, "current_event", None), getattr(handler, "last_event", None)
     event = f"during {current}" if current else f"after {last}" if last else "before the first event"
     return f"{event} of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
@@ -53,10 +53,10 @@ def is_collective_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _COLLECTIVE_FAILURES)
 
 
-def explain_collective_failure(trainer: Any, error: BaseException) -> None:
+def explain_collective_failure(accelerator: Any, where: str, error: BaseException) -> None:
     """Add a note to ``error``, a failed collective of several processes, saying which process
-    failed where, and that the real error is probably another process's."""
-    accelerator = trainer.accelerator
+    failed ``where`` (see :func:`describe_position`), and that the real error is probably another
+    process's."""
     notes = getattr(error, "__notes__", [])
     if (
         accelerator.num_processes == 1
@@ -64,7 +64,7 @@ def explain_collective_failure(trainer: Any, error: BaseException) -> None:
         or any(_NOTE_MARK in n for n in notes)
     ):
         return
-    rank, where = accelerator.process_index, describe_position(trainer)
+    rank = accelerator.process_index
     if "Timed out" in str(error) or "timed out" in str(error):
         timeout = collective_timeout_s()
         note = (

@@ -1,6 +1,6 @@
-"""Preparing the model, the optimizer and the loaders with accelerate: which go to one
-``prepare`` call, which loaders are already prepared, and where the loop can step around
-accelerate's wrappers."""
+"""Preparing the model, the optimizer and the loaders with accelerate: what has been prepared
+(:class:`Preparation`, the Trainer's record of it), which go to one ``prepare`` call, which loaders
+are already prepared, and where the loop can step around accelerate's wrappers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,52 @@ from accelerate.utils import DistributedType
 from accelerate.utils.deepspeed import DummyOptim
 from torch import nn
 from torch.utils.data import DataLoader
+
+
+class Preparation:
+    """What has been prepared with accelerate, so that the model and optimizer are wrapped once
+    however many runs and evaluations follow, and whether the loop steps the optimizer itself.
+
+    Attributes:
+        model: the prepared (wrapped) model, once it has been prepared for training.
+        optimizer: the prepared optimizer (what the loop steps).
+        direct_steps: True where the loop calls ``loss.backward()`` and steps the optimizer
+            itself because accelerate's wrappers would only call through (see
+            :func:`prepare_optimizer`).
+    """
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.model: nn.Module | None = None
+        self.optimizer: Any = None
+        self.direct_steps = False
+
+    def prepare(self, model: nn.Module, optimizer: Any, train_loader: Any) -> tuple[nn.Module, Any, Any]:
+        """Wrap the model and optimizer for distribution (once), and prepare the training loader.
+
+        Under DeepSpeed or FSDP (or with DeepSpeed's ``DummyOptim``) the three go to one
+        ``prepare`` call, as those engines need; otherwise each is prepared on its own, so that a
+        plain optimizer can be stepped directly where accelerate's wrapper would only call through.
+        A model with nothing to train is placed on the device only (DDP refuses it), and wrapped
+        once it trains.
+        """
+        accelerator = self.accelerator
+        model_pending = self.model is None or model is not self.model
+        optimizer_pending = optimizer is not None and optimizer is not self.optimizer
+        if (model_pending or optimizer_pending) and prepares_together(accelerator, optimizer):
+            model, optimizer, train_loader = prepare_together(accelerator, model, optimizer, train_loader)
+            self.model, self.optimizer, self.direct_steps = model, optimizer, False
+        if self.model is None or model is not self.model:
+            if any(parameter.requires_grad for parameter in model.parameters()):
+                model = self.model = accelerator.prepare(model)
+            else:
+                model = accelerator.prepare_model(model, evaluation_mode=True)
+        if optimizer is not None and optimizer is not self.optimizer:
+            optimizer, self.direct_steps = prepare_optimizer(accelerator, optimizer)
+            self.optimizer = optimizer
+        if needs_preparing(train_loader):
+            train_loader = accelerator.prepare(train_loader)
+        return model, optimizer, train_loader
 
 
 def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bool]:

@@ -137,7 +137,11 @@ class SaveTrainingStateCallback(TrainerCallback):
             except ValueError:  # not the main thread: signals cannot be handled here
                 return
         if grace is not None:
-            self._watchdog = SignalWatchdog(self.handle_signals, grace, lambda: describe_position(trainer))
+            self._watchdog = SignalWatchdog(
+                self.handle_signals,
+                grace,
+                lambda: describe_position(trainer.callback_handler, trainer.progress),
+            )
             self._watchdog.start()
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:

@@ -27,5 +27,4 @@ Both kinds of checkpoint:
 - :mod:`.finite`: the check, at save time, that no NaN or infinite weights are written.
 - :mod:`.state_checks`: every file read and checked against its object before anything is loaded.
 - :mod:`.collective_saves`: which process writes what, and every process agreeing on the outcome.
-- :mod:`.trainer_io`: the Trainer's checkpoint methods, which hand the run's objects to the above.
 """

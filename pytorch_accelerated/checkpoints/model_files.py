@@ -29,8 +29,22 @@ def save_checkpoint(
     options: tuple[bool, bool, bool],
     model: nn.Module | None = None,
 ) -> None:
-    """See ``Trainer.save_checkpoint``; ``options`` are its ``save_optimizer``, ``save_scheduler``
-    and ``save_per_node``. Every process must call this."""
+    """What ``Trainer.save_checkpoint`` does: save the model (and optimizer, scheduler) state with
+    ``checkpoint_kwargs`` to one file. ``options`` are its ``save_optimizer``, ``save_scheduler`` and
+    ``save_per_node``.
+
+    The file is written by each node's main process when ``save_per_node`` (for nodes that
+    do not share a file system), else by the main process only; it is written to a
+    temporary name first, so an interrupted save never leaves a truncated file. Numpy
+    values and paths in ``checkpoint_kwargs`` are stored as safe equivalents (numbers,
+    tensors, strings). ``model`` saves the weights of another model (e.g. an EMA copy) in
+    the same layout. Every process must call this.
+
+    Raises:
+        CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.files`)
+            on every process when the file could not be written, naming it and the OS
+            error; an earlier file at ``save_path`` is kept and no temporary file is left.
+    """
     save_optimizer, save_scheduler, save_per_node = options
     accelerator = objects.accelerator
     if save_optimizer:
@@ -71,7 +85,18 @@ def load_checkpoint(
     options: tuple[bool, bool],
     model: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """See ``Trainer.load_checkpoint``; ``options`` are its ``load_optimizer`` and ``load_scheduler``."""
+    """What ``Trainer.load_checkpoint`` does (``options`` are its ``load_optimizer`` and
+    ``load_scheduler``): load a file written by ``save_checkpoint`` (never running code from it) and
+    return its whole dictionary: ``model_state_dict``, ``optimizer_state_dict`` and
+    ``scheduler_state_dict`` when saved, and the ``checkpoint_kwargs``. ``model`` loads the
+    weights into another model.
+
+    A state the file lacks, or that the trainer has no object for (an evaluation-only
+    Trainer has no optimizer, a fresh one no scheduler), is skipped. Weights saved from a
+    ``torch.compile``'d model load into the plain one and the reverse. Everything is checked
+    (the file, the model's keys and shapes, the optimizer's parameter groups) before
+    anything is loaded, so a file that does not fit changes nothing.
+    """
     load_optimizer, load_scheduler = options
     optimizer, scheduler = objects.optimizer, objects.scheduler
     if load_optimizer:

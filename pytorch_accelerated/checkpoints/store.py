@@ -73,8 +73,28 @@ class TrainingStateStore:
         checkpoint_kwargs: dict[str, Any] | None,
         asynchronous: bool = False,
     ) -> None:
-        """Save a training state (see ``Trainer.save_training_state``); first wait for a state
-        still being written in the background, raising its error if it failed."""
+        """What ``Trainer.save_training_state`` does: save everything that decides the rest of the run
+        into the directory ``output_dir`` (first waiting for a state still being written in the
+        background, and raising its error if it failed).
+
+        Model, optimizer, scheduler, gradient scaler, every process's RNG states, the run
+        history, every stateful callback's ``state_dict()`` (by its ``state_key``), and the
+        exact position (epoch, optimizer step, batch). The directory appears only once
+        complete. Every process must call this, between optimizer updates (not inside an
+        accumulation window). Continue a run with ``train(..., resume_from=output_dir)``.
+        A save that fails (disk full, a parent that is a file) removes what it wrote and raises
+        ``CheckpointWriteError`` on every process, naming the directory and the OS error.
+
+        ``asynchronous=True`` copies the state to host memory and returns; a background thread
+        writes it, and publishes it only once every process's files are on disk. The next
+        save, :meth:`load_training_state`, :meth:`wait_for_training_state` and the end of the
+        run wait for it, and raise its ``CheckpointWriteError`` on every process if it failed.
+        See docs/checkpoints.md, "Asynchronous training states".
+
+        Under FSDP, every process writes its shards of the model and optimizer (accelerate's
+        ``save_fsdp_model`` / ``save_fsdp_optimizer``), and ``asynchronous=True`` is refused;
+        see docs/checkpoints.md, "Sharded models (FSDP)".
+        """
         self.wait()
         output_dir = Path(output_dir)
         layout = layout_for_saving(objects.accelerator)
@@ -167,9 +187,15 @@ class TrainingStateStore:
         self._background = (job, position["global_step"])
 
     def wait(self) -> None:
-        """Wait for the training state being written in the background, if any (every process
-        must call this when one is); once it has failed on any process, raise on every process a
-        ``CheckpointWriteError`` naming the state and what went wrong, its hidden directory removed."""
+        """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
+        ``asynchronous=True`` is written and published (at once when none is being written). Every
+        process must call this when one is; once the write has failed on any process, its hidden
+        directory is removed.
+
+        Raises:
+            CheckpointWriteError: on every process, when the background write failed on any,
+                naming the state and the error; the previous states are intact.
+        """
         if self._background is None:
             return
         (job, step), self._background = self._background, None
@@ -219,13 +245,19 @@ class TrainingStateStore:
             self._resuming = False
 
     def load(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore every object of the state ``input_dir`` (or the newest good one in the folder
-        ``input_dir``); return ``{"current_epoch": E, **checkpoint_kwargs}``, E the epoch
-        (counted from 1) the state was saved in.
+        """What ``Trainer.load_training_state`` does: restore a state saved by ``save_training_state``; return ``{"current_epoch": E,
+        **checkpoint_kwargs}``, E the epoch (counted from 1) the state was saved in.
 
-        All or nothing: every file is read and checked before anything is changed. From a folder,
-        a state that fails the checks (or holds non-finite weights) is skipped with a warning for
-        the newest good one; a state directory named explicitly is never swapped for another.
+        ``input_dir`` may be a state directory or a folder of them (the newest good one is
+        taken: a newer one that is damaged or holds non-finite weights is skipped with a
+        warning), or a directory written by pytorch-accelerated 0.1.x (``trainer_metadata.pt``;
+        see :mod:`pytorch_accelerated.checkpoints.original_states`). Every file is checked
+        before anything is loaded, so a bad state changes nothing. A state saved sharded under
+        FSDP loads only under the same FSDP configuration (on any number of processes); a plain
+        state loads under FSDP too (see :mod:`pytorch_accelerated.checkpoints.sharded`). To continue training from
+        it, use ``train(..., resume_from=input_dir)``: it calls this method, so an override
+        runs there too (inside ``train`` the state is restored as a resume, at its exact
+        position; see :meth:`resuming`). All or nothing: a state named explicitly is never swapped for another.
         """
         self.wait()  # a state still being written in the background
         loaded = self._choose(objects, input_dir)

@@ -1,0 +1,294 @@
+"""How the Trainer's runs start and end: the one module besides the callbacks that takes the Trainer.
+
+Before ``train()``, ``evaluate()`` or ``predict()`` runs, this sets up the data sets and seed, the
+loaders through the Trainer's overridable ``create_*_dataloader``, preparation through
+``_prepare_model_optimizer_and_dataloaders``, the run config through ``_create_run_config``, the
+scheduler through ``create_scheduler`` and a resume through ``load_training_state``, so an override
+of any of them runs. :func:`run_guarded` runs a set-up and a body with the end hooks, stops and
+failures handled; :func:`training_objects` hands the checkpoint layer the run's objects. Everything
+it calls on the Trainer is public or an extension point that the docs name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ._internal.accumulation import WindowWeighting
+from ._internal.hangs import describe_position, explain_collective_failure
+from ._internal.validation import (
+    check_epochs_have_batches,
+    check_evaluate_arguments,
+    check_something_left_to_train,
+    check_train_arguments,
+)
+from .callbacks import StopTrainingError
+from .checkpoints.training_objects import TrainingObjects
+from .data import DeviceDataLoader, check_same_data_on_every_process, prepare_eval_dataloader
+from .prediction import check_predict_loader
+from .run_config import RunProgress, RunState, TrainerRunConfig
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
+    """What ``Trainer.train`` does with its ``arguments``: check them all, then set up and run
+    ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
+    names = ("num_epochs", "per_device_batch_size", "max_num_train_steps", "gradient_accumulation_steps")
+    settings = {name: arguments[name] for name in (*names, "gradient_clip_value", "max_grad_norm")}
+    set_up = functools.partial(
+        set_up_training,
+        trainer,
+        settings,
+        datasets=(arguments["train_dataset"], arguments["eval_dataset"]),
+        dataloader_kwargs=(arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]),
+        **{
+            name: arguments[name]
+            for name in ("create_scheduler_fn", "collate_fn", "seed", "reset_run_history", "resume_from")
+        },
+    )
+    check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, settings, **set_up.keywords)
+    run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
+
+
+def evaluate(
+    trainer: Trainer,
+    dataset: Any,
+    batch_size: int,
+    dataloader_kwargs: dict[str, Any] | None,
+    collate_fn: Any,
+    seed: int | None,
+) -> dict[str, Any]:
+    """What ``Trainer.evaluate`` does: check its arguments, set up and run the evaluation guarded,
+    and return every metric it recorded."""
+    dataset = dataset if dataset is not None else trainer.eval_dataset
+    if dataset is None:
+        raise ValueError(
+            "evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset."
+        )
+    check_evaluate_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, seed)
+    history = trainer.run_history
+    before = history.metric_counts()
+    set_up = functools.partial(
+        set_up_evaluation, trainer, dataset, batch_size, dataloader_kwargs, collate_fn, seed
+    )
+    body = functools.partial(_run_evaluation, trainer)
+    run_guarded(trainer, set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
+    counts = history.metric_counts()
+    return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
+
+
+def _run_evaluation(trainer: Trainer) -> None:
+    trainer.evaluation_run_start()
+    trainer.callback_handler.call_event("on_evaluation_run_start", trainer)
+    trainer._run_eval_epoch(trainer.loaders.eval, is_evaluation_run=True)
+
+
+def set_up_training(
+    trainer: Trainer,
+    settings: dict[str, Any],
+    datasets: tuple[Any, Any],
+    dataloader_kwargs: tuple[dict[str, Any] | None, dict[str, Any] | None],
+    create_scheduler_fn: Callable[..., Any] | None,
+    collate_fn: Callable[..., Any] | None,
+    seed: int | None,
+    reset_run_history: bool,
+    resume_from: str | os.PathLike | None,
+) -> None:
+    """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
+    _start_run(trainer, datasets, collate_fn, seed, reset_run_history)
+    check_same_data_on_every_process(
+        trainer.accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]}
+    )
+    trainer.create_scheduler_fn = create_scheduler_fn
+    loaders, (train_kwargs, eval_kwargs) = trainer.loaders, dataloader_kwargs
+    loaders.merged_kwargs = {}
+    loaders.train = trainer.create_train_dataloader(settings["per_device_batch_size"], train_kwargs)
+    if trainer.eval_dataset is not None:
+        loaders.eval = trainer.create_eval_dataloader(settings["per_device_batch_size"], eval_kwargs)
+    trainer._prepare_model_optimizer_and_dataloaders()
+    check_epochs_have_batches(trainer)
+    recorded: dict[str, Any] = {"train_dl_kwargs": loaders.recorded_kwargs("train", train_kwargs)}
+    recorded["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
+    config = trainer.run_config = trainer._create_run_config(**settings, **recorded)
+    trainer.scheduler = trainer.create_scheduler() if create_scheduler_fn is not None else None
+    trainer.run_state.window = WindowWeighting(trainer.accelerator, config.train_per_device_batch_size)
+    if resume_from is not None:
+        with trainer.state_store.resuming():  # through the overridable load_training_state
+            trainer.load_training_state(resume_from)
+        check_something_left_to_train(trainer.progress, config, resume_from)
+
+
+def _start_run(
+    trainer: Trainer, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset: bool
+) -> None:
+    trainer.train_dataset, trainer.eval_dataset = datasets
+    trainer.collate_fn = collate_fn
+    trainer.loaders.eval = None
+    trainer.loaders.set_seed(seed)
+    if reset:
+        trainer.run_history.reset()
+        trainer.run_history.reset_step_metrics()
+    trainer.last_grad_norm = None
+    trainer.progress = RunProgress()
+    trainer.run_state = RunState(history_first_epoch=trainer.run_history.current_epoch)
+
+
+def set_up_evaluation(
+    trainer: Trainer,
+    dataset: Any,
+    batch_size: int,
+    dataloader_kwargs: dict[str, Any] | None,
+    collate_fn: Any,
+    seed: int | None,
+) -> None:
+    """Everything before ``evaluate()`` runs: the data set, its loader, preparation."""
+    check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
+    trainer.eval_dataset = dataset
+    if collate_fn is not None:
+        trainer.collate_fn = collate_fn
+    trainer.loaders.set_seed(seed)
+    trainer.loaders.eval = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
+    _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
+    trainer._prepare_model_optimizer_and_dataloaders()
+    check_epochs_have_batches(trainer, evaluation=True)
+
+
+def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
+    """Give an evaluation on a Trainer that has not trained its own run config (callbacks
+    read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
+    if trainer.run_config is None or trainer.run_config.evaluation_only:
+        kwargs = trainer.loaders.recorded_kwargs("eval", eval_kwargs)
+        trainer.run_config = TrainerRunConfig.for_evaluation(
+            trainer.accelerator,
+            per_device_batch_size=batch_size,
+            eval_dl_kwargs=kwargs,
+            seed=trainer.loaders.seed,
+        )
+
+
+def predict_loader(
+    trainer: Trainer, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any
+) -> DeviceDataLoader:
+    """The loader ``predict()`` runs over: from the overridable ``create_eval_dataloader``,
+    prepared along with the model; the run's ``eval_dataset``, ``collate_fn`` and recorded
+    loader arguments are put back afterwards."""
+    loaders = trainer.loaders
+    saved = trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs
+    trainer.eval_dataset = dataset
+    trainer.collate_fn = collate_fn if collate_fn is not None else trainer.collate_fn
+    try:
+        loader = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
+        _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
+    finally:
+        trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs = saved
+    check_predict_loader(loader)
+    trainer._prepare_model_optimizer_and_dataloaders()
+    prepared: DeviceDataLoader = prepare_eval_dataloader(trainer.accelerator, loader)
+    return prepared
+
+
+def run_guarded(
+    trainer: Trainer, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str
+) -> None:
+    """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
+
+    Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
+    any other exception reaches the caller as it is. From ``body`` on, a ``StopTrainingError``
+    ends it cleanly (``on_stop_training_error``, then the end hooks) and any other exception
+    fires ``on_exception``, then reaches the caller unchanged.
+    """
+    try:
+        set_up()
+    except StopTrainingError as error:
+        trainer.print(f"{stopped} before it started: {error}")
+        return
+    with _announcing_failures(trainer), trainer.state_store.finishing_run():
+        try:
+            body()
+        except StopTrainingError as error:
+            trainer.print(f"{stopped}: {error}")
+            run_end_event(trainer, "on_stop_training_error")
+        run_end_event(trainer, end)
+
+
+@contextlib.contextmanager
+def _announcing_failures(trainer: Trainer) -> Iterator[None]:
+    try:
+        yield
+    except StopTrainingError:
+        raise
+    except BaseException as error:
+        # A note: which rank, where, probably why.
+        explain_collective_failure(
+            trainer.accelerator, describe_position(trainer.callback_handler, trainer.progress), error
+        )
+        trainer.callback_handler.call_exception_event(trainer, error)
+        raise
+
+
+def run_end_event(trainer: Trainer, name: str) -> None:
+    """Run the end hook ``name`` (the Trainer's overridable method of that name, if ``name`` does
+    not start with ``on_``) and its event; a :class:`StopTrainingError` raised in it skips the rest."""
+    try:
+        if not name.startswith("on_"):
+            getattr(trainer, name)()
+        trainer.callback_handler.call_event(name if name.startswith("on_") else f"on_{name}", trainer)
+    except StopTrainingError as error:
+        trainer.print(f"Stopped during {name}: {error}")
+
+
+def run_eval_epoch(
+    trainer: Trainer, dataloader: Any, model: nn.Module | None, is_intermediate: bool, metric_name_prefix: str
+) -> float:
+    """What ``Trainer.run_eval_epoch`` does: run an extra evaluation epoch during training, for
+    callbacks; return its mean loss.
+
+    Args:
+        dataloader: what to evaluate on (default: the run's evaluation loader).
+        model: evaluate this model (e.g. an EMA copy) in place of ``trainer.model``.
+        is_intermediate: passed to the eval events; an intermediate evaluation records no
+        ``eval_loss_epoch``.
+        metric_name_prefix: prefix for every metric recorded during this epoch.
+
+    The model's train/eval mode, ``trainer.model`` and the history's prefix are restored
+    afterwards, so training continues exactly as before. Every process must call this.
+    """
+    dataloader = dataloader if dataloader is not None else trainer.loaders.eval
+    if dataloader is None:
+        raise ValueError("run_eval_epoch() needs a dataloader: this run has no eval_dataset.")
+    original_model, original_loader = trainer.model, trainer.loaders.eval
+    previous_prefix = trainer.run_history.metric_name_prefix
+    was_training = original_model.training
+    trainer.model, trainer.loaders.eval = model if model is not None else original_model, dataloader
+    trainer.run_history.set_metric_name_prefix(metric_name_prefix)
+    try:
+        trainer._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
+        return trainer.run_state.last_eval_loss
+    finally:
+        trainer.model, trainer.loaders.eval = original_model, original_loader
+        trainer.run_history.set_metric_name_prefix(previous_prefix)
+        original_model.train(was_training)
+
+
+def training_objects(trainer: Trainer) -> TrainingObjects:
+    """The parts of ``trainer``'s run that a training state saves and restores, as they are now."""
+    return TrainingObjects(
+        trainer.accelerator,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        trainer.progress,
+        trainer.run_state,
+        trainer.run_history,
+        trainer.callback_handler,
+        trainer.run_config,
+        trainer.loaders.train,
+        trainer.train_dataset,
+    )
