@@ -9,8 +9,10 @@ The house, read top-down (each layer imports only the layers below it)::
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
-                        wsd_checkpoints, sync_batchnorm, trackers
-                        (TrackingCallback, CSVTracker), plotting (PlotRunCallback)
+                        wsd_checkpoints, sync_batchnorm, trackers (TrackingCallback),
+                        csv_tracker (CSVTracker), tracker_adapters (MLflow and W&B, resumable),
+                        tracker_registry (tracker names, creation, state, flushing), plotting
+                        (PlotRunCallback)
     checkpoints/        files (atomic writes, safe loading), state_dirs (training-state
                         directories), finite (no NaN is ever written), state_checks (every
                         file checked before anything is loaded), original_states (reading

@@ -6,6 +6,7 @@ also importable from here, as they were in pytorch-accelerated 0.1.61.
 
 from ..tracking import LossTracker
 from ..utils import DataLoaderSlice, ModelEma
+from .csv_tracker import CSVTracker
 from .defaults import (
     LogMetricsCallback,
     MoveModulesToDeviceCallback,
@@ -20,7 +21,8 @@ from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .plotting import PlotRunCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
-from .trackers import CSVTracker, TrackingCallback, tracker_names
+from .tracker_registry import tracker_names
+from .trackers import TrackingCallback
 from .training_state import SaveTrainingStateCallback
 from .wsd_checkpoints import WSDCheckpointCallback
 
