@@ -34,6 +34,7 @@ The house, read top-down (each layer imports only the layers below it)::
     finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),
+                        batch_loss (a batch taken apart, counted and its loss computed),
                         distributed (gathering, the Trainer's process methods), accumulation
                         (window weighting), process_group (the collective timeout, a shared
                         seed, clean-up at exit), preparation (model, optimizer and loaders

@@ -21,12 +21,12 @@ from torch import nn
 
 from ._internal.accelerator_checks import check_accelerator, has_accelerator_device
 from ._internal.accumulation import WindowWeighting, accumulation_windows
+from ._internal.batch_loss import batch_size_of, loss_of, unpack_batch
 from ._internal.distributed import ProcessUtilities, mean_over_processes
 from ._internal.hangs import explain_collective_failure
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.process_group import destroy_process_group_at_exit, process_group_kwargs
 from ._internal.validation import (
-    batch_size_of,
     check_batch_output,
     check_callbacks,
     check_epochs_have_batches,
@@ -34,8 +34,6 @@ from ._internal.validation import (
     check_something_left_to_train,
     check_train_arguments,
     check_trainer_arguments,
-    loss_of,
-    unpack_batch,
 )
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,
