@@ -45,7 +45,9 @@ The house, read top-down (each layer imports only the layers below it)::
                         launch_checks (a launch whose processes do not add up fails early),
                         errors (StopTrainingError, public through callbacks)
 
-Public names are those of SPEC.md and COMPAT.md; see docs/inside-the-trainer.md for the loop.
+Every public name of pytorch-accelerated 0.1.61 keeps its import path (docs/migration.md lists
+them, and what changed; docs/api/ documents the public names); see docs/inside-the-trainer.md
+for the loop.
 Importing the package changes no random state: call :func:`set_seed` (accelerate's: Python,
 NumPy and torch on every device) for a reproducible script. 0.1.61 ran ``set_seed(42)`` on
 import, which silently reseeded the importing program.

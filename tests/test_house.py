@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import pytorch_accelerated
 
 PACKAGE = Path(pytorch_accelerated.__file__).parent
+REPOSITORY = Path(__file__).resolve().parents[1]
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 40
@@ -176,3 +178,30 @@ def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it()
         )
         == []
     )
+
+
+#: The design documents the project was built from live outside the repository: a file that
+#: names them points its reader at text they cannot read. Their decisions are stated in docs/
+#: (differences.md, migration.md) and in docstrings. ``COMPAT OK`` is the success line of the
+#: scripts of tests/compat/, not a citation.
+OUTSIDE_DOCUMENTS = re.compile(rb"\bSPEC\b|\bCOMPAT\b(?!\s+OK\b)")
+
+
+def tracked_text_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPOSITORY, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip(f"{REPOSITORY} is not a git checkout: its tracked files are unknown")
+    paths = [REPOSITORY / name for name in listed.stdout.decode().split("\0") if name]
+    return [path for path in paths if path.is_file() and b"\0" not in path.read_bytes()[:8192]]
+
+
+def test_no_tracked_file_cites_a_design_document_outside_the_repository() -> None:
+    this_file = Path(__file__).resolve()
+    citing = [
+        f"{path.relative_to(REPOSITORY)}:{number}: {line.strip().decode(errors='replace')}"
+        for path in tracked_text_files()
+        if path.resolve() != this_file  # it names them to look for them
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1)
+        if OUTSIDE_DOCUMENTS.search(line)
+    ]
+    assert citing == []
