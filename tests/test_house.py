@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,26 @@ def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
     missing = sorted(
         name for name in top_level | subpackages if not re.search(rf"\b{re.escape(name)}\b", docstring)
     )
+    assert missing == []
+
+
+#: Subpackages whose docstring does not list all its modules yet: checkpoints/ is being
+#: reorganised, and its docstring will list every module when that lands. Strict, so that the
+#: test says when the entry can go.
+DOCSTRING_MAP_PENDING = {"checkpoints"}
+
+
+def _subpackage(init: Path) -> Any:
+    pending = pytest.mark.xfail(strict=True, reason="its module list lands with its reorganisation")
+    marks = [pending] if init.parent.name in DOCSTRING_MAP_PENDING else []
+    return pytest.param(init, id=init.parent.name, marks=marks)
+
+
+@pytest.mark.parametrize("init", [_subpackage(init) for init in sorted(PACKAGE.glob("*/__init__.py"))])
+def test_every_subpackage_docstring_names_each_of_its_modules(init: Path) -> None:
+    docstring = ast.get_docstring(parse(init)) or ""
+    modules = {path.stem for path in init.parent.glob("*.py") if path.name != "__init__.py"}
+    missing = sorted(name for name in modules if not re.search(rf"\b{re.escape(name)}\b", docstring))
     assert missing == []
 
 

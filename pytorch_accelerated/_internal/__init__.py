@@ -13,5 +13,10 @@
 - :mod:`.fsdp`: whether a run, a module or a tensor is sharded, and refusing what cannot run
   under FSDP;
 - :mod:`.accelerator_checks`: the Accelerator's set-up checked when a Trainer is created
-  (processes, accumulation, a precision or FSDP that cannot run here).
+  (processes, accumulation, a precision or FSDP that cannot run here);
+- :mod:`.launch_checks`: a launch whose processes do not add up fails early (the rendezvous
+  timeout);
+- :mod:`.hangs`: what a failed collective operation was doing, and the watchdog that ends a
+  process a stop signal finds stuck;
+- :mod:`.errors`: ``StopTrainingError`` (public through :mod:`pytorch_accelerated.callbacks`).
 """
