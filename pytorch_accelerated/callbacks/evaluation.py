@@ -76,7 +76,8 @@ class LimitEvalStepsCallback(TrainerCallback):
     callback before ``ProgressBarCallback`` for the bar to show the shorter length.
 
     Args:
-        num_eval_steps: evaluation batches per evaluation, >= 1.
+        num_eval_steps: evaluation batches per evaluation, >= 1 (0.1.61's name: a step here is
+            an evaluation batch, not an optimizer update).
         limit_intermediate_only: shorten intermediate evaluations only (the default), or all.
     """
 

@@ -106,7 +106,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._stopped_by_signal = False
         self._saved_at: tuple[Any, ...] | None = None  # the position of the last save
         self._saved_dir: Path | None = None  # and its directory
-        self._eval_steps = 0  # evaluation batches of the current evaluation epoch
+        self._eval_batches = 0  # evaluation batches of the current evaluation epoch
         self._watchdog: SignalWatchdog | None = None
 
     # ------------------------------------------------------------------ signals
@@ -119,7 +119,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self.signal_received = None
         self._stopped_by_signal = False
         self._saved_at = self._saved_dir = None
-        self._eval_steps = 0
+        self._eval_batches = 0
         if self.asynchronous and uses_fsdp(trainer.accelerator):  # refused now, not at the first save
             sharded.check_can_save(
                 trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
@@ -225,14 +225,14 @@ class SaveTrainingStateCallback(TrainerCallback):
             self._stop(trainer, signum)
 
     def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
-        self._eval_steps = 0
+        self._eval_batches = 0
 
     def on_eval_step_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         # An evaluation batch boundary is a safe point, when training is at an update boundary
         # (an intermediate evaluation inside an accumulation window waits for the update).
-        self._eval_steps += 1
+        self._eval_batches += 1
         if self._previous_handlers and self._at_update_boundary(trainer):
-            signum = self._agreed_signal(trainer, self._eval_steps)
+            signum = self._agreed_signal(trainer, self._eval_batches)
             if signum is not None:
                 self._stop(trainer, signum)
 
