@@ -36,14 +36,14 @@ The house, read top-down (each layer imports only the layers below it)::
     _internal/          small helpers that are not public API: validation (argument checks),
                         batch_loss (a batch taken apart, counted and its loss computed),
                         distributed (gathering, the Trainer's process methods), accumulation
-                        (window weighting), process_group (the collective timeout, a shared
-                        seed, clean-up at exit), preparation (model, optimizer and loaders
-                        prepared with accelerate), fsdp (what is sharded; what cannot run under
-                        FSDP), accelerator_checks (the Accelerator's set-up checked, precision
-                        and FSDP that cannot run here), hangs (what a failed collective was
-                        doing; the watchdog for a process a stop signal finds stuck),
-                        launch_checks (a launch whose processes do not add up fails early),
-                        errors (StopTrainingError, public through callbacks)
+                        (window weighting), intervals ("every N updates"), process_group (the
+                        collective timeout, a shared seed, clean-up at exit), preparation
+                        (model, optimizer and loaders prepared with accelerate), fsdp (what is
+                        sharded; what cannot run under FSDP), accelerator_checks (the
+                        Accelerator's set-up checked, precision and FSDP that cannot run here),
+                        hangs (what a failed collective was doing; the watchdog for a process a
+                        stop signal finds stuck), launch_checks (a launch whose processes do not
+                        add up fails early), errors (StopTrainingError, public through callbacks)
 
 Every public name of pytorch-accelerated 0.1.61 keeps its import path (docs/migration.md lists
 them, and what changed; docs/api/ documents the public names); see docs/inside-the-trainer.md

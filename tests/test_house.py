@@ -226,3 +226,22 @@ def test_no_tracked_file_cites_a_design_document_outside_the_repository() -> Non
         if OUTSIDE_DOCUMENTS.search(line)
     ]
     assert citing == []
+
+
+def test_every_n_is_computed_by_the_one_helper() -> None:
+    """``x % self.<...>every_n<...>`` is written only in ``intervals.every`` and in
+    ``StepMetrics.is_due``, which inlines it on the per-update path (tests/test_intervals.py
+    keeps the two the same)."""
+    allowed = {"pytorch_accelerated.step_metrics"}
+    written = []
+    for path in MODULES:
+        if module_name(path) in allowed:
+            continue
+        for node in ast.walk(parse(path)):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Mod)
+                and "every_n" in ast.unparse(node.right)
+            ):
+                written.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
+    assert written == []

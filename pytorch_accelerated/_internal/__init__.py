@@ -6,6 +6,7 @@
 - :mod:`.distributed`: gathering tensors of different lengths, means over processes, and the
   Trainer's process methods (``ProcessUtilities``);
 - :mod:`.accumulation`: how the batches of an accumulation window are weighted;
+- :mod:`.intervals`: ``every(n, count)``, the one rule for "every N updates";
 - :mod:`.process_group`: the collective timeout of the process group, a seed every process
   agrees on, and the group's destruction at exit;
 - :mod:`.preparation`: preparing model, optimizer and loaders with accelerate, and where the

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints.finite import non_finite_loss_flag
 from ..data import batches_per_epoch
@@ -88,7 +89,7 @@ class TerminateOnNaNCallback(TrainerCallback):
     def on_train_step_end(
         self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
     ) -> None:
-        if is_update_step and trainer.progress.global_step % self.check_every_n_steps == 0:
+        if is_update_step and every(self.check_every_n_steps, trainer.progress.global_step):
             self._stop_if_non_finite(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:

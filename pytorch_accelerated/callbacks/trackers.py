@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.tracking import GeneralTracker
 
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from .events import TrainerCallback
 from .tracker_registry import check_tracker, create_tracker, flush_tracker, tracker_state
@@ -160,7 +161,7 @@ class TrackingCallback(TrainerCallback):
         history = trainer.run_history
         for name in history.get_step_metric_names():
             for point_step, value in history.get_step_metric_values(name):
-                if point_step <= step and point_step % self.log_every_n_steps == 0:
+                if point_step <= step and every(self.log_every_n_steps, point_step):
                     points.setdefault(point_step, {})[name] = value
         for point_step, values in self._epoch_points:
             if point_step <= step:
@@ -199,7 +200,7 @@ class TrackingCallback(TrainerCallback):
     def on_step_metrics(
         self, trainer: Trainer, step: int = 0, metrics: dict[str, float] | None = None, **kwargs: Any
     ) -> None:
-        if metrics and step % self.log_every_n_steps == 0:
+        if metrics and every(self.log_every_n_steps, step):
             self._log(metrics, step)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.finite import NonFiniteStateError
@@ -191,7 +192,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return None
         if trainer.accelerator.num_processes == 1:
             return self.signal_received
-        if count is not None and count % self.check_signals_every_n_steps:
+        if count is not None and not every(self.check_signals_every_n_steps, count):
             return None
         mine = torch.tensor([self.signal_received or 0], device=trainer.device)
         received = [int(signum) for signum in trainer.accelerator.gather(mine).tolist() if signum]
@@ -218,7 +219,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if not is_update_step:  # inside an accumulation window: nothing to save
             return
         global_step = trainer.progress.global_step
-        if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
+        if every(self.save_every_n_steps, global_step):
             self._save_here(trainer, f"step_{global_step}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer, global_step)
         if signum is not None:
@@ -246,7 +247,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
-        if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
+        if every(self.save_every_n_epochs, epoch):
             self._save_here(trainer, f"epoch_{epoch}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer)
         if signum is not None:
