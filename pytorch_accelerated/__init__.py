@@ -14,8 +14,10 @@ The house, read top-down (each layer imports only the layers below it)::
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
-                        wsd_checkpoints, sync_batchnorm, trackers
-                        (TrackingCallback, CSVTracker), plotting (PlotRunCallback)
+                        wsd_checkpoints, sync_batchnorm, trackers (TrackingCallback),
+                        csv_tracker (CSVTracker), tracker_adapters (MLflow and W&B, resumable),
+                        tracker_registry (tracker names, creation, state, flushing), plotting
+                        (PlotRunCallback)
     checkpoints/        store (TrainingStateStore: saving, waiting for, loading and resuming
                         training states), layouts (one class per kind of state directory:
                         plain, sharded, 0.1.x), training_objects (what a state saves), files,
@@ -35,17 +37,20 @@ The house, read top-down (each layer imports only the layers below it)::
     finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
     _internal/          small helpers that are not public API: validation (argument checks),
+                        batch_loss (a batch taken apart, counted and its loss computed),
                         distributed (gathering, the Trainer's process methods), accumulation
-                        (window weighting), process_group (the collective timeout, a shared
-                        seed, clean-up at exit), preparation (model, optimizer and loaders
-                        prepared with accelerate), fsdp (what is sharded; what cannot run under
-                        FSDP), accelerator_checks (the Accelerator's set-up checked, precision
-                        and FSDP that cannot run here), hangs (what a failed collective was
-                        doing; the watchdog for a process a stop signal finds stuck),
-                        launch_checks (a launch whose processes do not add up fails early),
-                        errors (StopTrainingError, public through callbacks)
+                        (window weighting), intervals ("every N updates"), process_group (the
+                        collective timeout, a shared seed, clean-up at exit), preparation
+                        (model, optimizer and loaders prepared with accelerate), fsdp (what is
+                        sharded; what cannot run under FSDP), accelerator_checks (the
+                        Accelerator's set-up checked, precision and FSDP that cannot run here),
+                        hangs (what a failed collective was doing; the watchdog for a process a
+                        stop signal finds stuck), launch_checks (a launch whose processes do not
+                        add up fails early), errors (StopTrainingError, public through callbacks)
 
-Public names are those of SPEC.md and COMPAT.md; see docs/inside-the-trainer.md for the loop.
+Every public name of pytorch-accelerated 0.1.61 keeps its import path (docs/migration.md lists
+them, and what changed; docs/api/ documents the public names); see docs/inside-the-trainer.md
+for the loop.
 Importing the package changes no random state: call :func:`set_seed` (accelerate's: Python,
 NumPy and torch on every device) for a reproducible script. 0.1.61 ran ``set_seed(42)`` on
 import, which silently reseeded the importing program.

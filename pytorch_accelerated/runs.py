@@ -22,7 +22,7 @@ from torch import nn
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.validation import (
-    check_epochs_have_batches,
+    check_epoch_has_batches,
     check_evaluate_arguments,
     check_something_left_to_train,
     check_train_arguments,
@@ -113,7 +113,9 @@ def set_up_training(
     if trainer.eval_dataset is not None:
         loaders.eval = trainer.create_eval_dataloader(settings["per_device_batch_size"], eval_kwargs)
     trainer._prepare_model_optimizer_and_dataloaders()
-    check_epochs_have_batches(trainer)
+    processes = trainer.accelerator.num_processes
+    check_epoch_has_batches(loaders.train, trainer.train_dataset, "train_dataset", processes)
+    check_epoch_has_batches(loaders.eval, trainer.eval_dataset, "eval_dataset", processes)
     recorded: dict[str, Any] = {"train_dl_kwargs": loaders.recorded_kwargs("train", train_kwargs)}
     recorded["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
     config = trainer.run_config = trainer._create_run_config(**settings, **recorded)
@@ -157,7 +159,7 @@ def set_up_evaluation(
     trainer.loaders.eval = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
     _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
     trainer._prepare_model_optimizer_and_dataloaders()
-    check_epochs_have_batches(trainer, evaluation=True)
+    check_epoch_has_batches(trainer.loaders.eval, dataset, "dataset", trainer.accelerator.num_processes)
 
 
 def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:

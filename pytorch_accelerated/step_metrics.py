@@ -89,7 +89,10 @@ class StepMetrics:
         return self.grad_norm_requested and self.is_due(global_step)
 
     def is_due(self, global_step: int) -> bool:
-        """Whether a point is due once ``global_step`` updates are complete."""
+        """Whether a point is due once ``global_step`` updates are complete: the rule of
+        :func:`~pytorch_accelerated._internal.intervals.every`, inlined because the loop calls
+        this after every update, where a nested call would add its cost (a test keeps the two
+        the same)."""
         return self.every_n_steps is not None and global_step % self.every_n_steps == 0
 
     # ------------------------------------------------------------------ counting (host side)

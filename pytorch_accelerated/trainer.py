@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from . import runs
 from ._internal.accelerator_checks import check_accelerator, has_accelerator_device
 from ._internal.accumulation import accumulation_windows
+from ._internal.batch_loss import batch_size_of, loss_of, unpack_batch
 from ._internal.distributed import (
     gather,
     gather_ragged,
@@ -36,12 +37,9 @@ from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
 from ._internal.process_group import destroy_process_group_at_exit, process_group_kwargs
 from ._internal.validation import (
-    batch_size_of,
     check_batch_output,
     check_callbacks,
     check_trainer_arguments,
-    loss_of,
-    unpack_batch,
 )
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,

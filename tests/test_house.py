@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import pytorch_accelerated
 
 PACKAGE = Path(pytorch_accelerated.__file__).parent
+REPOSITORY = Path(__file__).resolve().parents[1]
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 40
@@ -180,6 +182,17 @@ def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
     assert missing == []
 
 
+#: Subpackages whose docstring does not list all its modules yet: checkpoints/ is being
+#: reorganised, and its docstring will list every module when that lands. Strict, so that the
+#: test says when the entry can go.
+@pytest.mark.parametrize("init", sorted(PACKAGE.glob("*/__init__.py")), ids=lambda init: init.parent.name)
+def test_every_subpackage_docstring_names_each_of_its_modules(init: Path) -> None:
+    docstring = ast.get_docstring(parse(init)) or ""
+    modules = {path.stem for path in init.parent.glob("*.py") if path.name != "__init__.py"}
+    missing = sorted(name for name in modules if not re.search(rf"\b{re.escape(name)}\b", docstring))
+    assert missing == []
+
+
 def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it() -> None:
     folders = {path.parent for path in MODULES}
     assert (
@@ -309,3 +322,49 @@ def test_no_module_keeps_state_keyed_by_trainer_or_run_in_module_globals() -> No
             if empty_literal or call:
                 found.append(f"{module_name(path)}.{ast.unparse(target)}")
     assert found == ["pytorch_accelerated._internal.launch_checks._servers"]
+
+
+#: The design documents the project was built from live outside the repository: a file that
+#: names them points its reader at text they cannot read. Their decisions are stated in docs/
+#: (differences.md, migration.md) and in docstrings. ``COMPAT OK`` is the success line of the
+#: scripts of tests/compat/, not a citation.
+OUTSIDE_DOCUMENTS = re.compile(rb"\bSPEC\b|\bCOMPAT\b(?!\s+OK\b)")
+
+
+def tracked_text_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPOSITORY, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip(f"{REPOSITORY} is not a git checkout: its tracked files are unknown")
+    paths = [REPOSITORY / name for name in listed.stdout.decode().split("\0") if name]
+    return [path for path in paths if path.is_file() and b"\0" not in path.read_bytes()[:8192]]
+
+
+def test_no_tracked_file_cites_a_design_document_outside_the_repository() -> None:
+    this_file = Path(__file__).resolve()
+    citing = [
+        f"{path.relative_to(REPOSITORY)}:{number}: {line.strip().decode(errors='replace')}"
+        for path in tracked_text_files()
+        if path.resolve() != this_file  # it names them to look for them
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1)
+        if OUTSIDE_DOCUMENTS.search(line)
+    ]
+    assert citing == []
+
+
+def test_every_n_is_computed_by_the_one_helper() -> None:
+    """``x % self.<...>every_n<...>`` is written only in ``intervals.every`` and in
+    ``StepMetrics.is_due``, which inlines it on the per-update path (tests/test_intervals.py
+    keeps the two the same)."""
+    allowed = {"pytorch_accelerated.step_metrics"}
+    written = []
+    for path in MODULES:
+        if module_name(path) in allowed:
+            continue
+        for node in ast.walk(parse(path)):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Mod)
+                and "every_n" in ast.unparse(node.right)
+            ):
+                written.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
+    assert written == []

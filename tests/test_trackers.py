@@ -35,7 +35,7 @@ from pytorch_accelerated.callbacks import (
     TrackingCallback,
     TrainerCallback,
 )
-from pytorch_accelerated.callbacks.trackers import wandb_offline_records
+from pytorch_accelerated.callbacks.tracker_adapters import wandb_offline_records
 from pytorch_accelerated.schedulers import CosineLrScheduler
 
 ALL_TRACKERS = ("csv", "tensorboard", "mlflow", "wandb")

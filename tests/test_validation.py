@@ -381,7 +381,7 @@ PLACES = [
     ),
     *(
         Place(
-            # num_warmup_steps=None means 1% of the run (COMPAT 6.6).
+            # num_warmup_steps=None means 1% of the run (docs/schedulers.md).
             f"WSDLrScheduler-{name}",
             "schedulers/wsd.py",
             "",

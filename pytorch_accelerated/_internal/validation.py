@@ -191,20 +191,11 @@ def check_evaluate_arguments(
     check_seed(seed)
 
 
-def check_epochs_have_batches(trainer: Any, evaluation: bool = False) -> None:
-    """Fail when a prepared loader of ``trainer``'s run (or of its ``evaluate()``) would give an
-    epoch of 0 batches (on one process; all have the same count). No collective call is made."""
-    processes = trainer.accelerator.num_processes
-    if evaluation:
-        _check_epoch_has_batches(trainer.eval_dataloader, trainer.eval_dataset, "dataset", processes)
-        return
-    _check_epoch_has_batches(trainer.train_dataloader, trainer.train_dataset, "train_dataset", processes)
-    _check_epoch_has_batches(trainer.eval_dataloader, trainer.eval_dataset, "eval_dataset", processes)
-
-
-def _check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes: int) -> None:
-    """``name`` is the data set's argument; the loader's arguments are named after it. A loader
-    without a length (a stream) is not checked."""
+def check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes: int) -> None:
+    """Fail when the prepared ``loader`` over ``dataset`` (the argument ``name`` of ``train()`` or
+    ``evaluate()``; the loader's arguments are named after it) would give an epoch of 0 batches on
+    one process of ``num_processes`` (all have the same count). A stream is not checked. No
+    collective call is made."""
     try:
         if loader is None or len(loader) > 0:
             return
@@ -357,51 +348,3 @@ def check_batch_output(batch_output: Any, method: str) -> None:
             f"{method} returned a loss that is not a scalar tensor (got {shape}). Reduce it to one "
             f"number per batch, e.g. use reduction='mean' in the loss function or call .mean()."
         )
-
-
-def unpack_batch(batch: Any, method: str) -> tuple[Any, Any]:
-    try:
-        return batch[0], batch[1]
-    except (TypeError, IndexError, KeyError) as error:
-        raise TypeError(
-            f"The default {method} expects each batch to be a pair (inputs, targets), but got "
-            f"{type(batch).__name__}: {error}. Return (inputs, targets) from your dataset or "
-            f"collate_fn, or override {method} to unpack your batches."
-        ) from error
-
-
-def batch_size_of(inputs: Any) -> int:
-    if isinstance(inputs, torch.Tensor):
-        return inputs.shape[0] if inputs.dim() > 0 else 1
-    return len(inputs)
-
-
-def loss_of(loss_func: Any, model_outputs: Any, targets: Any) -> Any:
-    """``loss_func(model_outputs, targets)``; when it fails on outputs that are not a tensor (a
-    tuple, a ``ModelOutput``), the error says so and how to fix it (chained to the original)."""
-    try:
-        return loss_func(model_outputs, targets)
-    except (TypeError, AttributeError) as error:
-        if isinstance(model_outputs, torch.Tensor):
-            raise
-        raise _model_outputs_error(model_outputs, error) from error
-
-
-def _model_outputs_error(model_outputs: Any, error: Exception) -> TypeError:
-    kind = type(model_outputs).__name__
-    if isinstance(model_outputs, tuple):
-        returned, pick = f"a tuple of {len(model_outputs)}", "outputs[0]"
-    elif isinstance(model_outputs, Mapping):
-        has_logits = hasattr(model_outputs, "logits")
-        model_output = "; a transformers ModelOutput?" if has_logits else ""
-        returned = f"a {kind} (a dict with keys {list(model_outputs)}{model_output})"
-        pick = "outputs.logits" if has_logits else "outputs[key]"
-    else:
-        returned, pick = f"a {kind}", "the logits"
-    return TypeError(
-        f"The model returned {returned}, not a tensor, and the loss function could not take it "
-        f"({type(error).__name__}: {error}). The default calculate_*_batch_loss passes the model's "
-        f"outputs to loss_func as they are: override calculate_train_batch_loss and "
-        f"calculate_eval_batch_loss to pass the logits ({pick}) to the loss, or wrap the model so "
-        f"that its forward() returns the logits."
-    )

@@ -1,11 +1,28 @@
 """Callbacks: observers of the training loop, and the built-in ones.
 
+- :mod:`.events`: the events, their dispatch (``CallbackHandler``), ``TrainerCallback``, and the
+  saved state of callbacks (by ``state_key``);
+- :mod:`.defaults`: the five callbacks every Trainer gets unless told otherwise;
+- :mod:`.monitoring`: keeping the best model, stopping early;
+- :mod:`.ema`: an exponential moving average of the weights, evaluated and saved;
+- :mod:`.evaluation`: evaluating during an epoch, and shortening those evaluations;
+- :mod:`.limits`: fewer batches per epoch, for quick debugging runs;
+- :mod:`.training_state`: saving training states during a run, and when the job is told to stop;
+- :mod:`.wsd_checkpoints`: checkpoints around the decays of a WSD schedule;
+- :mod:`.sync_batchnorm`: batch-norm statistics synchronised across processes;
+- :mod:`.trackers`: ``TrackingCallback``, which logs a run to experiment trackers;
+- :mod:`.tracker_registry`: the trackers known by name: creating one, its state, flushing it;
+- :mod:`.tracker_adapters`: accelerate's MLflow and W&B trackers, continuing a resumed run;
+- :mod:`.csv_tracker`: ``CSVTracker``, a tracker with no dependencies;
+- :mod:`.plotting`: ``PlotRunCallback``, a PNG of the run's curves.
+
 ``LossTracker``, ``ModelEma``, ``DataLoaderSlice`` and ``CallbackMethodNotImplementedError`` are
 also importable from here, as they were in pytorch-accelerated 0.1.61.
 """
 
 from ..tracking import LossTracker
 from ..utils import DataLoaderSlice, ModelEma
+from .csv_tracker import CSVTracker
 from .defaults import (
     LogMetricsCallback,
     MoveModulesToDeviceCallback,
@@ -20,7 +37,8 @@ from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .plotting import PlotRunCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
-from .trackers import CSVTracker, TrackingCallback, tracker_names
+from .tracker_registry import tracker_names
+from .trackers import TrackingCallback
 from .training_state import SaveTrainingStateCallback
 from .wsd_checkpoints import WSDCheckpointCallback
 

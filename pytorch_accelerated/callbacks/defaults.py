@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints.finite import non_finite_loss_flag
 from ..data import batches_per_epoch
@@ -43,13 +44,13 @@ class MoveModulesToDeviceCallback(TrainerCallback):
 class TerminateOnNaNCallback(TrainerCallback):
     """Stop training when a training loss is NaN or infinite, on every process at once.
 
-    The Trainer already sums each step's loss on the device, and that sum is NaN or infinite
+    The Trainer already sums each batch's loss on the device, and that sum is NaN or infinite
     once any loss of the epoch was: it is the flag, kept on the device at no extra cost. Every
     ``check_every_n_steps`` optimizer updates (default 10) and at the end of each epoch, the
     processes read it and agree (one collective call, one host read) whether any saw a
     non-finite loss; if so, all raise :class:`StopTrainingError` at the same step, so the run
     ends through the normal end hooks within ``check_every_n_steps`` updates of the first
-    non-finite loss. The other steps cost no device work and no device-to-host sync. Every save
+    non-finite loss. The other updates cost no device work and no device-to-host sync. Every save
     of weights (training states, save-best, EMA, WSD) makes the same check first, so a NaN
     never reaches a checkpoint even between two checks.
 
@@ -74,7 +75,9 @@ class TerminateOnNaNCallback(TrainerCallback):
     def check_for_nan_after_batch(self, batch_output: dict[str, Any], step: int | None = None) -> None:
         """Raise :class:`StopTrainingError` (and set :attr:`triggered`) if ``batch_output["loss"]``
         is NaN or infinite: the check of pytorch-accelerated 0.1.61, for one batch of this
-        process (a device-to-host sync; the built-in checks agree across processes instead)."""
+        process (a device-to-host sync; the built-in checks agree across processes instead).
+        ``step`` (0.1.61's argument, e.g. the batch index ``on_train_step_end`` receives) is
+        only named in the error message."""
         if not bool(torch.isfinite(torch.as_tensor(batch_output["loss"])).all()):
             self.triggered = True
             where = f" at step {step}" if step is not None else ""
@@ -86,7 +89,7 @@ class TerminateOnNaNCallback(TrainerCallback):
     def on_train_step_end(
         self, trainer: Trainer, *args: Any, is_update_step: bool = False, **kwargs: Any
     ) -> None:
-        if is_update_step and trainer.progress.global_step % self.check_every_n_steps == 0:
+        if is_update_step and every(self.check_every_n_steps, trainer.progress.global_step):
             self._stop_if_non_finite(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from .events import TrainerCallback
 from .limits import limit, unlimit
@@ -59,7 +60,7 @@ class StepBasedEvaluationCallback(TrainerCallback):
     ) -> None:
         global_step = trainer.progress.global_step
         # With gradient accumulation most batches end without an update: evaluate only after one.
-        if is_update_step and global_step % self.eval_every_n_steps == 0:
+        if is_update_step and every(self.eval_every_n_steps, global_step):
             loss = trainer.run_eval_epoch(is_intermediate=True)
             trainer.run_history.update_metric(self.LOSS_METRIC, loss)
             trainer.run_history.update_metric(self.STEP_METRIC, global_step)
@@ -76,7 +77,8 @@ class LimitEvalStepsCallback(TrainerCallback):
     callback before ``ProgressBarCallback`` for the bar to show the shorter length.
 
     Args:
-        num_eval_steps: evaluation batches per evaluation, >= 1.
+        num_eval_steps: evaluation batches per evaluation, >= 1 (0.1.61's name: a step here is
+            an evaluation batch, not an optimizer update).
         limit_intermediate_only: shorten intermediate evaluations only (the default), or all.
     """
 

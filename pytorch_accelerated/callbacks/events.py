@@ -53,6 +53,11 @@ class TrainerCallback:
     default to None, so a hook may declare only the ones it uses, e.g.
     ``def on_train_step_end(self, trainer, step, **kwargs)``.
 
+    A *step* is one optimizer update (``trainer.progress.global_step``, ``on_step_metrics``,
+    ``max_num_train_steps``), except in the names kept from pytorch-accelerated 0.1.61 for a
+    batch: the events ``on_train_step_*`` and ``on_eval_step_*`` fire once per batch, and the
+    ``step`` argument of ``on_train_step_end`` is the batch's index in the epoch.
+
     A callback is *stateful* when it overrides :meth:`state_dict` (and :meth:`load_state_dict`):
     training states save its state under its :attr:`state_key`, and a resumed run restores it
     into the callback with the same key, wherever it stands in the list.
@@ -110,7 +115,8 @@ class TrainerCallback:
     ) -> None:
         """After the backward pass of each batch and, when the batch completes an update
         (``is_update_step``), after the optimizer step, scheduler step and zero-grad.
-        ``step`` is the batch index in the epoch."""
+        ``step`` is the batch index in the epoch, counted from 0 (0.1.61's name for it; the
+        number of updates is ``trainer.progress.global_step``)."""
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """After the last training batch of an epoch, once ``train_loss_epoch`` is recorded."""

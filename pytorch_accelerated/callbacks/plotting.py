@@ -145,7 +145,7 @@ class PlotRunCallback(TrainerCallback):
         self._epoch_ends, self._counts_pending = [], False
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._epoch_ends.append((trainer.progress.global_step, _metric_counts(trainer)))
+        self._epoch_ends.append((trainer.progress.global_step, trainer.run_history.metric_counts()))
         self._counts_pending = True
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -156,7 +156,7 @@ class PlotRunCallback(TrainerCallback):
         every callback at its end, whatever their order) as that epoch's."""
         if self._counts_pending and self._epoch_ends:
             step, _ = self._epoch_ends[-1]
-            self._epoch_ends[-1] = (step, _metric_counts(trainer))
+            self._epoch_ends[-1] = (step, trainer.run_history.metric_counts())
         self._counts_pending = False
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -288,8 +288,3 @@ def _draw_panel(axes: Axes, title: str, curves: Mapping[str, Points], epoch_ends
 def _drawn(curves: Mapping[str, Points]) -> dict[str, Points]:
     """The curves that have points (a panel shows no empty legend entries)."""
     return {label: points for label, points in curves.items() if points}
-
-
-def _metric_counts(trainer: Trainer) -> dict[str, int]:
-    history = trainer.run_history
-    return {name: len(history.get_metric_values(name)) for name in history.get_metric_names()}

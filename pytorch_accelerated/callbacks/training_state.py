@@ -12,6 +12,7 @@ import torch
 
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
+from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.directories import MANIFEST, read_manifest
@@ -107,7 +108,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._stopped_by_signal = False
         self._saved_at: tuple[Any, ...] | None = None  # the position of the last save
         self._saved_dir: Path | None = None  # and its directory
-        self._eval_steps = 0  # evaluation batches of the current evaluation epoch
+        self._eval_batches = 0  # evaluation batches of the current evaluation epoch
         self._watchdog: SignalWatchdog | None = None
 
     # ------------------------------------------------------------------ signals
@@ -120,7 +121,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self.signal_received = None
         self._stopped_by_signal = False
         self._saved_at = self._saved_dir = None
-        self._eval_steps = 0
+        self._eval_batches = 0
         if self.asynchronous and uses_fsdp(trainer.accelerator):  # refused now, not at the first save
             sharded.check_can_save(
                 trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
@@ -196,7 +197,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return None
         if trainer.accelerator.num_processes == 1:
             return self.signal_received
-        if count is not None and count % self.check_signals_every_n_steps:
+        if count is not None and not every(self.check_signals_every_n_steps, count):
             return None
         mine = torch.tensor([self.signal_received or 0], device=trainer.device)
         received = [int(signum) for signum in trainer.accelerator.gather(mine).tolist() if signum]
@@ -223,21 +224,21 @@ class SaveTrainingStateCallback(TrainerCallback):
         if not is_update_step:  # inside an accumulation window: nothing to save
             return
         global_step = trainer.progress.global_step
-        if self.save_every_n_steps and global_step % self.save_every_n_steps == 0:
+        if every(self.save_every_n_steps, global_step):
             self._save_here(trainer, f"step_{global_step}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer, global_step)
         if signum is not None:
             self._stop(trainer, signum)
 
     def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
-        self._eval_steps = 0
+        self._eval_batches = 0
 
     def on_eval_step_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         # An evaluation batch boundary is a safe point, when training is at an update boundary
         # (an intermediate evaluation inside an accumulation window waits for the update).
-        self._eval_steps += 1
+        self._eval_batches += 1
         if self._previous_handlers and self._at_update_boundary(trainer):
-            signum = self._agreed_signal(trainer, self._eval_steps)
+            signum = self._agreed_signal(trainer, self._eval_batches)
             if signum is not None:
                 self._stop(trainer, signum)
 
@@ -251,7 +252,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
-        if self.save_every_n_epochs and epoch % self.save_every_n_epochs == 0:
+        if every(self.save_every_n_epochs, epoch):
             self._save_here(trainer, f"epoch_{epoch}", asynchronous=self.asynchronous)
         signum = self._agreed_signal(trainer)
         if signum is not None:

@@ -1,6 +1,7 @@
-"""COMPAT.md §3 (callbacks): each KEEP ORIGINAL / BOTH item in pytorch-accelerated 0.1.61's form
-(its event names, hook signatures, attribute names, directory and file names, checkpoint
-kwargs) and, for BOTH, ours too, with COMPAT.md's worked numbers."""
+"""The callbacks of pytorch-accelerated 0.1.61 keep working (docs/migration.md, "What keeps
+working"): each item in 0.1.61's form (its event names, hook signatures, attribute names,
+directory and file names, checkpoint kwargs) and, where both forms are accepted, ours too, with
+the worked numbers of docs/callbacks-builtin.md."""
 
 from __future__ import annotations
 
@@ -289,7 +290,8 @@ def wsd_run(
 
 
 def test_wsd_checkpoints_follow_the_worked_example(tmp_path: Path) -> None:
-    # COMPAT §3: 100 updates, 3 checkpoints, ratio 0.1: pre-decay at 23, 48, 95; post-decay at 25, 50, 100.
+    # docs/callbacks-builtin.md: 100 updates, 3 checkpoints, ratio 0.1: pre-decay at 23, 48, 95;
+    # post-decay at 25, 50, 100.
     _, callback = wsd_run(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         [f"checkpoint_{s}_wsd_pre_decay" for s in (23, 48, 95)]

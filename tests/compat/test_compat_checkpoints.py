@@ -1,5 +1,6 @@
-"""COMPAT.md §2 (load_checkpoint, load_training_state / train(resume_from=)), checkpoints of
-torch.compile'd models, and §8 (training-state directories written by 0.1.61).
+"""The checkpoint API of pytorch-accelerated 0.1.61 keeps working (docs/migration.md):
+load_checkpoint, load_training_state / train(resume_from=), checkpoints of torch.compile'd
+models, and training-state directories written by 0.1.61.
 
 Each item is exercised in pytorch-accelerated 0.1.61's form: its return shapes, its override of
 ``load_training_state``, and its directory layout, written here with accelerate's real
@@ -57,7 +58,7 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
     )
 
 
-# ---------------------------------------------------------------------------- §2 load_checkpoint
+# ---------------------------------------------------------------------------- load_checkpoint
 
 
 def test_load_checkpoint_returns_the_whole_dict_as_the_original(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_evaluation_only_trainer_loads_a_full_checkpoint_and_evaluates(tmp_path:
     evaluator = make_trainer(optimizer=False)  # optimizer=None: the original crashed here
     evaluator.load_checkpoint(tmp_path / "c.pt")
     assert same_weights(evaluator.get_model(), source.get_model())
-    assert evaluator.scheduler is None  # the file's scheduler state is skipped (KEEP OURS)
+    assert evaluator.scheduler is None  # the file's scheduler state is skipped (changed from 0.1.61)
     evaluator.evaluate(DATA, per_device_batch_size=4)
 
 
@@ -108,7 +109,7 @@ def test_a_bad_optimizer_state_changes_nothing_and_says_why(tmp_path: Path) -> N
     assert not same_weights(trainer.get_model(), source.get_model())
 
 
-# ---------------------------------------------------------------------------- §2 load_training_state
+# ---------------------------------------------------------------------------- load_training_state
 
 
 class SaveAtUpdate(TrainerCallback):
@@ -199,7 +200,7 @@ def test_training_state_of_a_compiled_model_loads_into_the_plain_model_and_back(
     assert same_weights(back.get_model(), compiled.get_model())
 
 
-# ---------------------------------------------------------------------------- §8 original directories
+# ---------------------------------------------------------------------------- original directories
 
 
 class Stale:

@@ -1,7 +1,8 @@
-"""COMPAT.md §1 (scheduler module paths), §2 (TrainerPlaceholderValues) and §6 (schedulers).
+"""The scheduler module paths, TrainerPlaceholderValues and schedulers of pytorch-accelerated
+0.1.61 keep working (docs/migration.md; the schedulers' behaviour in docs/schedulers.md).
 
-Each KEEP ORIGINAL / BOTH item is exercised in pytorch-accelerated 0.1.61's form (its import
-paths, keyword names, attribute names, state dicts), with COMPAT.md's worked numbers.
+Each kept item is exercised in 0.1.61's form (its import paths, keyword names, attribute names,
+state dicts), with worked numbers; where 0.1.61 was at fault, the fix is checked to stay.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ STAND_IN_TRAINER = SimpleNamespace(
 )
 
 
-# ---------------------------------------------------------------- §1 module paths
+# ---------------------------------------------------------------- module paths
 
 
 def test_the_original_module_paths_export_the_same_classes() -> None:
@@ -85,7 +86,7 @@ def test_estimate_checkpoint_steps_rejects_too_many_checkpoints() -> None:
         estimate_checkpoint_steps(3, 4)
 
 
-# ---------------------------------------------------------------- §2 TrainerPlaceholderValues
+# ---------------------------------------------------------------- TrainerPlaceholderValues
 
 
 def test_placeholder_set_returns_the_member_names() -> None:
@@ -104,7 +105,7 @@ def test_placeholder_expressions_keep_the_name_and_resolve_without_eval() -> Non
         assert expression.name == "NUM_EPOCHS"
         fn = replace_trainer_placeholder_values(STAND_IN_TRAINER, functools.partial(dict, n=expression))
         assert fn() == {"n": value}
-    assert epochs.value == "num_epochs"  # KEEP OURS: a plain name, never an eval-ed string
+    assert epochs.value == "num_epochs"  # changed from 0.1.61: a plain name, never an eval-ed string
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_subtracting_from_a_placeholder_raises_not_implemented_error(subtract: A
         subtract(TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH)
 
 
-# ---------------------------------------------------------------- §6.1 counting (KEEP OURS)
+# ---------------------------------------------------------------- counting (changed from 0.1.61: update k uses value(k-1))
 
 
 def test_update_k_uses_value_k_minus_1_from_the_first_update() -> None:
@@ -140,7 +141,7 @@ def test_update_k_uses_value_k_minus_1_from_the_first_update() -> None:
     assert used == [0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.0989]
 
 
-# ---------------------------------------------------------------- §6.2 the original's subclass pattern
+# ---------------------------------------------------------------- the original's subclass pattern
 
 
 class StepWdScheduler(StatefulSchedulerBase):
@@ -229,7 +230,7 @@ def test_a_none_in_the_list_leaves_that_group_alone() -> None:
     assert [group["lr"] for group in scheduler.optimizer.param_groups] == [0.5, 0.2]
 
 
-# ---------------------------------------------------------------- §6.3 base_lr_values
+# ---------------------------------------------------------------- base_lr_values
 
 
 def test_base_lr_values_is_canonical_and_base_values_an_alias() -> None:
@@ -240,7 +241,7 @@ def test_base_lr_values_is_canonical_and_base_values_an_alias() -> None:
     assert "base_lr_values" in scheduler.state_dict() and "base_values" not in scheduler.state_dict()
 
 
-# ---------------------------------------------------------------- §6.4 state dicts
+# ---------------------------------------------------------------- state dicts
 
 
 @pytest.mark.parametrize(
@@ -345,7 +346,7 @@ def _saved(state: dict[str, Any]) -> io.BytesIO:
     return buffer
 
 
-# ---------------------------------------------------------------- §6.5 cosine attribute names
+# ---------------------------------------------------------------- cosine attribute names
 
 
 def test_the_cosine_scheduler_has_the_original_attribute_names() -> None:
@@ -367,7 +368,7 @@ def test_the_cosine_scheduler_has_the_original_attribute_names() -> None:
     assert (scheduler.warmup_lr_init, scheduler.warmup_lr_ratio, scheduler.lr_min_ratio) == (0.01, 0.2, 0.05)
 
 
-# ---------------------------------------------------------------- §6.6 WSDLrScheduler
+# ---------------------------------------------------------------- WSDLrScheduler
 
 
 def test_num_warmup_steps_none_is_one_percent_and_a_warmup_may_overlap_the_decay() -> None:
@@ -535,7 +536,7 @@ def test_introspection_of_the_original() -> None:
     assert scheduler.previous_checkpoint_step is None
     for _ in range(225):
         scheduler.step()
-    assert scheduler.get_current_step() == 225  # KEEP OURS: completed updates
+    assert scheduler.get_current_step() == 225  # changed from 0.1.61: completed updates
     assert scheduler.get_current_phase_info() == scheduler.get_phase_info(225)
     assert scheduler.previous_checkpoint_step == 224
     assert scheduler.state_dict()["previous_checkpoint_step"] == 224

@@ -1,5 +1,5 @@
-"""The scripts of ``scripts/`` use the API exactly as 0.1.61's docs and examples do (issue 9,
-Deliver 2); each runs unchanged in a subprocess on one process, and those where the number of
+"""The scripts of ``scripts/`` use the API exactly as 0.1.61's docs and examples do; each runs
+unchanged in a subprocess on one process, and those where the number of
 processes matters (metrics, padded gather) also on 2 processes (torchrun, a CPU gloo group).
 
 Each script checks its own results (exit code 0) and prints a ``COMPAT OK <name> ...`` line last
@@ -67,7 +67,7 @@ def test_original_style_script_runs_on_one_process(script, tmp_path):
 def test_original_style_script_runs_on_two_processes(script, tmp_path):
     output = run_script(script, tmp_path, nproc=2)
     if script == "gather_padded_detections.py":
-        # COMPAT section 2: [[1,2],[3,4]] and [[5,6]] gathered with padding_value=-1 give 3 rows.
+        # docs/migration.md: [[1,2],[3,4]] and [[5,6]] gathered with padding_value=-1 give 3 rows.
         assert "example_rows=3" in output, output
     else:
         assert "processes=2" in output, output

@@ -1,8 +1,9 @@
-"""COMPAT.md §2, the Trainer rows: gather, run-config max, dataloader kwargs, optimizer type,
-and issue 9 Deliver 4 (``evaluate()`` on a fresh Trainer sets ``run_config``).
+"""The Trainer of pytorch-accelerated 0.1.61 keeps working (docs/migration.md): gather, the
+run-config max, dataloader kwargs, the optimizer type, and ``evaluate()`` on a fresh Trainer
+setting ``run_config``.
 
-Each is exercised in pytorch-accelerated 0.1.61's form, and ours too for BOTH. The 2-process
-cases (COMPAT's gather example, the eval batch size with P = 2, the metric callback on an
+Each is exercised in 0.1.61's form, and ours too where both are accepted. The 2-process cases
+(the gather example of docs/migration.md, the eval batch size with P = 2, the metric callback on an
 evaluation-only Trainer) are in tests/distributed/test_eval_exactly_once.py, which launches once.
 """
 
@@ -110,7 +111,8 @@ def test_run_config_stores_the_merged_dataloader_kwargs() -> None:
 
 
 def test_eval_batch_size_kwarg_wins_on_one_process() -> None:
-    # COMPAT.md "Eval batch size" on P = 1: eval batch 64, per-device 64, total 64 (128 on P = 2).
+    # The eval batch size of docs/migration.md on P = 1: eval batch 64, per-device 64, total 64
+    # (128 on P = 2).
     sizes: list[int] = []
 
     class RecordEvalBatchSizes(TrainerCallback):

@@ -1,9 +1,9 @@
-"""COMPAT.md §1 (the package, ``.trainer`` and ``.callbacks`` names), §4 (tracking), §5
-(fine-tuning) and §7 (utils).
+"""The names of pytorch-accelerated 0.1.61 (the package, ``.trainer`` and ``.callbacks``), its
+tracking, fine-tuning and utilities keep working (docs/migration.md).
 
-Each KEEP ORIGINAL / BOTH item is exercised in pytorch-accelerated 0.1.61's form (its import
-paths, keyword names, attribute names, tuple shapes), and ours too for BOTH, with COMPAT.md's
-worked numbers; the KEEP OURS fixes of these sections are checked to stay fixed.
+Each kept item is exercised in 0.1.61's form (its import paths, keyword names, attribute names,
+tuple shapes), and ours too where both are accepted, with worked numbers; where 0.1.61 was at
+fault (docs/migration.md, "What changed"), the fix is checked to stay.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pytorch_accelerated.callbacks import (
 from pytorch_accelerated.finetuning import BN_MODULES, Layer, LayerGroup, ModelFreezer
 from pytorch_accelerated.tracking import InMemoryRunHistory
 
-# ---------------------------------------------------------------- §1 names
+# ---------------------------------------------------------------- names
 
 
 def test_package_exports_set_seed_the_notebook_launcher_and_a_logger():
@@ -47,7 +47,7 @@ def test_package_exports_set_seed_the_notebook_launcher_and_a_logger():
 
 
 def test_importing_the_package_reseeds_nothing(tmp_path: Path):
-    # KEEP OURS: 0.1.61 ran set_seed(42) on import. A fresh interpreter, so the import is real.
+    # changed from 0.1.61: 0.1.61 ran set_seed(42) on import. A fresh interpreter, so the import is real.
     script = textwrap.dedent(
         """
         import random
@@ -110,7 +110,7 @@ def test_callbacks_module_re_exports_tracking_and_utils_names():
     assert issubclass(CallbackMethodNotImplementedError, Exception)
 
 
-# ---------------------------------------------------------------- §4 tracking
+# ---------------------------------------------------------------- tracking
 
 
 def test_loss_tracker_worked_example_with_the_original_and_our_names():
@@ -125,7 +125,7 @@ def test_loss_tracker_worked_example_with_the_original_and_our_names():
     assert tracker.total_loss == 8.0
     tracker.reset()
     assert (tracker.total_loss, tracker.running_count) == (0.0, 0)
-    assert math.isnan(tracker.average)  # KEEP OURS: no average yet is not an average of 0
+    assert math.isnan(tracker.average)  # changed from 0.1.61: no average yet is not an average of 0
 
 
 @pytest.mark.parametrize("error_type", [ValueError, KeyError])
@@ -137,7 +137,7 @@ def test_get_latest_metric_without_values_raises_both_error_types(error_type):
     assert str(raised.value) == "No values recorded for metric 'loss'. Recorded metrics: ema_loss."
 
 
-# ---------------------------------------------------------------- §5 fine-tuning
+# ---------------------------------------------------------------- fine-tuning
 
 
 def block_model() -> nn.Sequential:
@@ -215,7 +215,7 @@ class BlockWithOwnScale(nn.Module):
 
 
 def test_modules_with_children_and_their_own_parameters_are_layers_and_get_frozen():
-    # KEEP OURS: 0.1.61 listed leaf modules only and never froze ``scale``.
+    # changed from 0.1.61: 0.1.61 listed leaf modules only and never froze ``scale``.
     model = nn.Sequential(BlockWithOwnScale(), nn.Linear(2, 1))
     freezer = ModelFreezer(model)
     assert [name for name, _ in freezer.get_named_layers()] == ["0", "0.linear", "1"]
@@ -225,7 +225,7 @@ def test_modules_with_children_and_their_own_parameters_are_layers_and_get_froze
 
 
 def test_freeze_with_set_modules_as_eval_freezes_too():
-    # KEEP OURS: 0.1.61 swapped two arguments internally and froze nothing when asked for eval.
+    # changed from 0.1.61: 0.1.61 swapped two arguments internally and froze nothing when asked for eval.
     model = block_model()
     ModelFreezer(model).freeze(0, 0, set_modules_as_eval=True)
     assert not model[0][0].weight.requires_grad and not model[0][0].training
@@ -242,7 +242,7 @@ def test_gradual_unfreezing_in_the_original_form_gives_param_groups():
     assert [group.is_frozen for group in freezer.get_layer_groups()] == [False, False, False]
 
 
-# ---------------------------------------------------------------- §7 utils
+# ---------------------------------------------------------------- utils
 
 
 def loader(num_batches: int) -> torch.utils.data.DataLoader:
@@ -261,7 +261,7 @@ def test_data_loader_slice_takes_slice_size_or_num_batches_with_both_attributes(
         assert len(sliced) == 3 and [int(b) for b in sliced] == [0, 1, 2]
     by_original_name.num_batches = 2
     assert by_original_name.slice_size == 2 and len(by_original_name) == 2
-    assert len(DataLoaderSlice(loader(2), slice_size=5)) == 2  # KEEP OURS: what it really yields
+    assert len(DataLoaderSlice(loader(2), slice_size=5)) == 2  # changed from 0.1.61: what it really yields
 
 
 def test_data_loader_slice_rejects_conflicting_names_and_bad_sizes():
@@ -329,7 +329,7 @@ def test_an_overridden_update_fn_is_called_for_every_float_tensor_and_counts_are
     for name, value in floats.items():
         assert torch.equal(ema.module.state_dict()[name], torch.maximum(before[name], value) + 1)
     tracked = ema.module.state_dict()["1.num_batches_tracked"]
-    assert tracked.dtype == torch.long and int(tracked) == 2  # KEEP OURS: copied, not averaged
+    assert tracked.dtype == torch.long and int(tracked) == 2  # changed from 0.1.61: copied, not averaged
 
 
 @pytest.mark.parametrize("value", ["none", "None", "NONE", " none "])
@@ -347,7 +347,7 @@ def test_pt_acc_limit_batches_with_a_number_limits_every_epoch(monkeypatch):
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "two"])
 def test_pt_acc_limit_batches_rejects_zero_negatives_and_non_integers(monkeypatch, value):
-    # KEEP OURS: 0.1.61 passed "0" to int() and trained on no batches (a NaN loss).
+    # changed from 0.1.61: 0.1.61 passed "0" to int() and trained on no batches (a NaN loss).
     monkeypatch.setenv("PT_ACC_LIMIT_BATCHES", value)
     expected = (
         rf"The environment variable PT_ACC_LIMIT_BATCHES \(batches per epoch\) must be a whole number "

@@ -110,7 +110,7 @@ def test_gather_concatenates_tensors_of_different_lengths_without_padding(
 
 
 def test_gather_with_padding_value_strips_the_padding_rows(ranks: list[dict[str, Any]]) -> None:
-    # COMPAT.md §2 gather: KEEP ORIGINAL stripping (0.1.61's remove_padding after the gather).
+    # As in 0.1.61 (docs/migration.md): the padding rows are stripped after the gather.
     expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [100.0, 101.0]]
     assert [result["gather_padded"] for result in ranks] == [expected, expected]
 
@@ -126,7 +126,7 @@ def test_gather_with_padding_value_gives_compat_worked_example_three_rows(
 def test_metric_callback_reading_run_config_works_on_a_fresh_trainers_evaluate(
     ranks: list[dict[str, Any]],
 ) -> None:
-    # Issue 9 Deliver 4: evaluate() on a fresh Trainer sets run_config; the original's pattern
+    # evaluate() on a fresh Trainer sets run_config (docs/migration.md); the original's pattern
     # computes the metric on the world main process only.
     evaluations = len(SIZES) + len(GRID) + 2  # evaluate() calls, then the two training runs
     assert [result["mse"]["is_world_process_zero"] for result in ranks] == [
@@ -138,7 +138,7 @@ def test_metric_callback_reading_run_config_works_on_a_fresh_trainers_evaluate(
 
 
 def test_eval_batch_size_kwarg_wins_with_two_processes(ranks: list[dict[str, Any]]) -> None:
-    # COMPAT.md "Eval batch size": per_device_batch_size=16, eval batch_size=64, P=2 -> 64 / 64 / 128.
+    # docs/migration.md: per_device_batch_size=16, eval batch_size=64, P=2 -> 64 / 64 / 128.
     for result in ranks:
         assert result["eval_batch_sizes"] == [64]
         assert (result["eval_per_device_batch_size"], result["eval_total_batch_size"]) == (64, 128)

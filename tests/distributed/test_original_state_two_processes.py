@@ -1,4 +1,4 @@
-"""COMPAT.md §8 on 2 real processes: a training state written by pytorch-accelerated 0.1.61
+"""Training states of 0.1.61 (docs/migration.md) on 2 real processes: a training state written by pytorch-accelerated 0.1.61
 (accelerate's save_state, one random_states_{rank}.pkl per rank, trainer_metadata.pt) is loaded
 and resumed; each rank gets its own RNG states back (see workers/original_state.py)."""
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import launch_workers, load_worker_module
 
-from pytorch_accelerated.callbacks.trackers import wandb_offline_records
+from pytorch_accelerated.callbacks.tracker_adapters import wandb_offline_records
 
 pytestmark = pytest.mark.distributed
 

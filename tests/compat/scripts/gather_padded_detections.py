@@ -2,8 +2,9 @@
 
 Each image has a different number of predicted boxes. Every process pads its boxes to a fixed
 number of rows with -1, gathers them with ``trainer.gather(t, padding_value=-1)``, and gets back
-only the real rows: the padding rows are stripped. The worked example of COMPAT.md section 2
-(process 0 holds ``[[1,2],[3,4]]``, process 1 holds ``[[5,6]]``) gives 3 rows on 2 processes.
+only the real rows: the padding rows are stripped, as in 0.1.61 (docs/migration.md). The worked
+example there (process 0 holds ``[[1,2],[3,4]]``, process 1 holds ``[[5,6]]``) gives 3 rows on 2
+processes.
 """
 
 import torch
@@ -60,7 +61,7 @@ def main():
     assert detections.shape == (18, 7), detections.shape
     assert sorted(detections[:, 6].tolist()) == sorted(float(i) for i in range(12) for _ in range(i % 4))
 
-    # COMPAT.md section 2's worked example.
+    # The worked example of docs/migration.md: 3 rows, the padding row stripped.
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank, world_size = (
         (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)

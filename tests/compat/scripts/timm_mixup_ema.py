@@ -3,8 +3,8 @@
 in a Trainer subclass, a timm cosine scheduler stepped by ``TrainerWithTimmScheduler``, and
 ``ModelEmaCallback`` evaluating the EMA weights with callbacks of its own.
 
-During the EMA evaluation only the EMA callback's own callbacks get the events (COMPAT section 3),
-so a callback passed to the Trainer sees one evaluation per epoch.
+During the EMA evaluation only the EMA callback's own callbacks get the events, as in 0.1.61
+(docs/migration.md), so a callback passed to the Trainer sees one evaluation per epoch.
 """
 
 import functools

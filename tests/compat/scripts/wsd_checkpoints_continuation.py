@@ -3,8 +3,8 @@
 Run 1: ``WSDLrScheduler.create_scheduler_fn(total_num_epochs=..., num_warmup_epochs=...,
 num_checkpoints=3)`` over 4 epochs of 25 updates (100 updates) and ``WSDCheckpointCallback``
 writing ``checkpoint_{s}_wsd_pre_decay`` (training-state directories) and
-``checkpoint_{s}_wsd_post_decay.pt`` (files): COMPAT section 3's example gives pre-decay 23, 48,
-95 and post-decay 25, 50, 100.
+``checkpoint_{s}_wsd_post_decay.pt`` (files): the example of docs/callbacks-builtin.md gives
+pre-decay 23, 48, 95 and post-decay 25, 50, 100.
 Run 2: a continuation from the last post-decay checkpoint with
 ``is_continuation_from_checkpoint=True`` and ``initial_checkpoint=...``: the weights are loaded
 and the schedule starts a fresh stable phase at the peak learning rate.

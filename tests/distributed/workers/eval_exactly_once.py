@@ -45,7 +45,7 @@ class RecordSampleIndices(TrainerCallback):
 
 
 class MeanSquaredErrorMetric(TrainerCallback):
-    """The original library's metric-callback pattern (COMPAT, issue 9 Deliver 4): a torchmetrics
+    """The original library's metric-callback pattern (docs/migration.md): a torchmetrics
     metric updated with gathered outputs, computed and printed on the world main process only."""
 
     def __init__(self) -> None:
@@ -115,7 +115,7 @@ def main() -> None:
     tensor = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + 100 * rank()
     result["gather"] = trainer.gather(tensor).tolist()
     result["gather_padded"] = trainer.gather(tensor, padding_value=-1).tolist()
-    compat_rows = [[1, 2], [3, 4]] if rank() == 0 else [[5, 6]]  # COMPAT.md's worked example
+    compat_rows = [[1, 2], [3, 4]] if rank() == 0 else [[5, 6]]  # docs/migration.md's gather example
     result["gather_compat"] = trainer.gather(torch.tensor(compat_rows), padding_value=-1).tolist()
     result["mse"] = {"computed": mse.computed, "is_world_process_zero": mse.is_world_process_zero}
     result.update(eval_batch_size_run(trainer))
@@ -124,7 +124,7 @@ def main() -> None:
 
 
 def eval_batch_size_run(trainer: Trainer) -> dict[str, Any]:
-    """COMPAT.md's "Eval batch size" example: an eval ``batch_size`` kwarg wins over 16."""
+    """The eval batch size example of docs/migration.md: an eval ``batch_size`` kwarg wins over 16."""
     sizes: list[int] = []
 
     class RecordEvalBatchSizes(TrainerCallback):

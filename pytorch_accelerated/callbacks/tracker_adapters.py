@@ -1,0 +1,165 @@
+"""accelerate's MLflow and Weights & Biases trackers, adapted to a training library: MLflow
+writes to a local store by default, and a resumed run does not log twice the points that the
+interrupted run's MLflow run or W&B offline directories already hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from accelerate.tracking import MLflowTracker, WandBTracker
+
+
+class LocalMLflowTracker(MLflowTracker):
+    """accelerate's MLflow tracker, writing to a local store under ``logging_dir`` by default.
+
+    The store is ``file:<logging_dir>/mlruns`` unless ``tracking_uri`` is given or
+    ``MLFLOW_TRACKING_URI`` is set; MLflow's tracking URI (and ``MLFLOW_ALLOW_FILE_STORE``, which
+    MLflow 3 needs for a file store) is set while the tracker runs and restored when it finishes.
+
+    MLflow cannot delete points, so a resumed run (``run_id`` given) reads the steps the run already
+    has, per metric, and does not log those steps again: exact resume recomputes the same values,
+    so the series equals the uninterrupted run's.
+    """
+
+    def __init__(
+        self,
+        run_name: str,
+        logging_dir: str | os.PathLike = "runs",
+        tracking_uri: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(run_name, **kwargs)
+        if tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI"):
+            tracking_uri = (Path(logging_dir).absolute() / "mlruns").as_uri()
+        self.tracking_uri = tracking_uri
+        self.written_steps: dict[str, int] | None = None  # known on resume: see TrackingCallback
+        self._restore: dict[str, str | None] | None = None
+
+    def start(self) -> None:
+        import mlflow
+
+        if self.tracking_uri is not None:
+            self._restore = {"MLFLOW_ALLOW_FILE_STORE": os.environ.get("MLFLOW_ALLOW_FILE_STORE")}
+            if self.tracking_uri.startswith("file:"):
+                os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 refuses file stores otherwise
+            mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            super().start()
+            if self.run_id is not None:
+                self.written_steps = _mlflow_written_steps(self.active_run.info.run_id)
+        except BaseException:
+            self._restore_global_state()  # not started, so finish() will not be called
+            raise
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        values = not_written_yet(values, step, self.written_steps)
+        if values:
+            super().log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self._restore_global_state()
+
+    def _restore_global_state(self) -> None:
+        import mlflow
+
+        if self._restore is not None:
+            mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None: back to unset (MLflow takes it)
+            _restore_environment(self._restore)
+            self._restore = None
+
+
+def _mlflow_written_steps(run_id: str) -> dict[str, int]:
+    """The largest step of each metric the MLflow run ``run_id`` holds."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    names = client.get_run(run_id).data.metrics
+    return {name: max(metric.step for metric in client.get_metric_history(run_id, name)) for name in names}
+
+
+def _restore_environment(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+class ResumableWandBTracker(WandBTracker):
+    """accelerate's Weights & Biases tracker (``wandb.init`` keyword arguments as ``kwargs``;
+    ``dir`` is created first), continuing a run resumed with ``id`` and ``resume="allow"``.
+
+    In offline mode a resumed run writes a new offline directory for the same run id; the steps
+    the earlier directories of that id already hold (read with W&B's own reader, ``wandb leet
+    inspect``) are not logged again, per metric, so that syncing every directory gives each
+    point once. Online, W&B itself continues the run's step and ignores lower steps.
+    """
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__(run_name, **kwargs)
+        self.written_steps: dict[str, int] | None = None  # known on resume: see TrackingCallback
+
+    def start(self) -> None:
+        directory = self.init_kwargs.get("dir")
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        run_id = self.init_kwargs.get("id")
+        if (
+            run_id is not None
+            and directory is not None
+            and self.init_kwargs.get("mode", os.environ.get("WANDB_MODE")) == "offline"
+        ):
+            self.written_steps = wandb_written_steps(Path(directory), run_id)
+        super().start()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        values = not_written_yet(values, step, self.written_steps)
+        if values:
+            super().log(values, step=step, **kwargs)
+
+
+def wandb_offline_records(run_file: Path) -> list[dict[str, Any]]:
+    """The records of a W&B transaction log (``run-<id>.wandb``), read with W&B's own reader."""
+    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"Could not read the W&B offline log {run_file} with `wandb leet inspect` (exit code "
+            f"{result.returncode}): {result.stderr.strip()[-2000:]}. A resumed W&B run reads it to "
+            f"know which steps the interrupted run wrote; move a damaged directory aside to skip it."
+        )
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def wandb_written_steps(directory: Path, run_id: str) -> dict[str, int]:
+    """The largest step of each metric in the offline directories of W&B run ``run_id``."""
+    written: dict[str, int] = {}
+    for run_file in sorted(directory.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")):
+        for record in wandb_offline_records(run_file):
+            history = record.get("history")
+            if record.get("type") != "history" or not history:
+                continue
+            step = int(history.get("step", {}).get("num", 0))
+            for name in history.get("item", {}):
+                if not name.startswith("_"):
+                    written[name] = max(written.get(name, -1), step)
+    return written
+
+
+def not_written_yet(
+    values: dict[str, Any], step: int | None, written_steps: Mapping[str, int] | None
+) -> dict[str, Any]:
+    """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
+    MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
+    if step is None or not written_steps:
+        return values
+    return {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
