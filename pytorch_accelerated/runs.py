@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -37,23 +36,22 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 
+#: The arguments of ``train()`` that the run config records.
+RUN_SETTINGS = (
+    "num_epochs",
+    "per_device_batch_size",
+    "max_num_train_steps",
+    "gradient_accumulation_steps",
+    "gradient_clip_value",
+    "max_grad_norm",
+)
+
+
 def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
-    """What ``Trainer.train`` does with its ``arguments``: check them all, then set up and run
-    ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
-    names = ("num_epochs", "per_device_batch_size", "max_num_train_steps", "gradient_accumulation_steps")
-    settings = {name: arguments[name] for name in (*names, "gradient_clip_value", "max_grad_norm")}
-    set_up = functools.partial(
-        set_up_training,
-        trainer,
-        settings,
-        datasets=(arguments["train_dataset"], arguments["eval_dataset"]),
-        dataloader_kwargs=(arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]),
-        **{
-            name: arguments[name]
-            for name in ("create_scheduler_fn", "collate_fn", "seed", "reset_run_history", "resume_from")
-        },
-    )
-    check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, settings, **set_up.keywords)
+    """What ``Trainer.train`` does with its ``arguments`` (by name): check them all, then set up
+    and run ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
+    check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
+    set_up = functools.partial(set_up_training, trainer, arguments)
     run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
 
 
@@ -90,51 +88,40 @@ def _run_evaluation(trainer: Trainer) -> None:
     trainer._run_eval_epoch(trainer.loaders.eval, is_evaluation_run=True)
 
 
-def set_up_training(
-    trainer: Trainer,
-    settings: dict[str, Any],
-    datasets: tuple[Any, Any],
-    dataloader_kwargs: tuple[dict[str, Any] | None, dict[str, Any] | None],
-    create_scheduler_fn: Callable[..., Any] | None,
-    collate_fn: Callable[..., Any] | None,
-    seed: int | None,
-    reset_run_history: bool,
-    resume_from: str | os.PathLike | None,
-) -> None:
+def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
-    _start_run(trainer, datasets, collate_fn, seed, reset_run_history)
-    check_same_data_on_every_process(
-        trainer.accelerator, {"train_dataset": datasets[0], "eval_dataset": datasets[1]}
-    )
-    trainer.create_scheduler_fn = create_scheduler_fn
-    loaders, (train_kwargs, eval_kwargs) = trainer.loaders, dataloader_kwargs
+    _start_run(trainer, arguments)
+    datasets = {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
+    check_same_data_on_every_process(trainer.accelerator, datasets)
+    trainer.create_scheduler_fn = arguments["create_scheduler_fn"]
+    loaders, batch_size = trainer.loaders, arguments["per_device_batch_size"]
+    train_kwargs, eval_kwargs = arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]
     loaders.merged_kwargs = {}
-    loaders.train = trainer.create_train_dataloader(settings["per_device_batch_size"], train_kwargs)
+    loaders.train = trainer.create_train_dataloader(batch_size, train_kwargs)
     if trainer.eval_dataset is not None:
-        loaders.eval = trainer.create_eval_dataloader(settings["per_device_batch_size"], eval_kwargs)
+        loaders.eval = trainer.create_eval_dataloader(batch_size, eval_kwargs)
     trainer._prepare_model_optimizer_and_dataloaders()
     processes = trainer.accelerator.num_processes
     check_epoch_has_batches(loaders.train, trainer.train_dataset, "train_dataset", processes)
     check_epoch_has_batches(loaders.eval, trainer.eval_dataset, "eval_dataset", processes)
-    recorded: dict[str, Any] = {"train_dl_kwargs": loaders.recorded_kwargs("train", train_kwargs)}
-    recorded["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
-    config = trainer.run_config = trainer._create_run_config(**settings, **recorded)
-    trainer.scheduler = trainer.create_scheduler() if create_scheduler_fn is not None else None
+    settings = {name: arguments[name] for name in RUN_SETTINGS}
+    settings["train_dl_kwargs"] = loaders.recorded_kwargs("train", train_kwargs)
+    settings["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
+    config = trainer.run_config = trainer._create_run_config(**settings)
+    trainer.scheduler = trainer.create_scheduler() if trainer.create_scheduler_fn is not None else None
     trainer.run_state.window = WindowWeighting(trainer.accelerator, config.train_per_device_batch_size)
-    if resume_from is not None:
+    if arguments["resume_from"] is not None:
         with trainer.state_store.resuming():  # through the overridable load_training_state
-            trainer.load_training_state(resume_from)
-        check_something_left_to_train(trainer.progress, config, resume_from)
+            trainer.load_training_state(arguments["resume_from"])
+        check_something_left_to_train(trainer.progress, config, arguments["resume_from"])
 
 
-def _start_run(
-    trainer: Trainer, datasets: tuple[Any, Any], collate_fn: Any, seed: int | None, reset: bool
-) -> None:
-    trainer.train_dataset, trainer.eval_dataset = datasets
-    trainer.collate_fn = collate_fn
+def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:
+    trainer.train_dataset, trainer.eval_dataset = arguments["train_dataset"], arguments["eval_dataset"]
+    trainer.collate_fn = arguments["collate_fn"]
     trainer.loaders.eval = None
-    trainer.loaders.set_seed(seed)
-    if reset:
+    trainer.loaders.set_seed(arguments["seed"])
+    if arguments["reset_run_history"]:
         trainer.run_history.reset()
         trainer.run_history.reset_step_metrics()
     trainer.last_grad_norm = None

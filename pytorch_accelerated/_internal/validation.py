@@ -150,32 +150,6 @@ def check_resume_from(resume_from: Any) -> None:
         )
 
 
-def _check_set_up_arguments(
-    *,
-    datasets: Any,
-    dataloader_kwargs: tuple[Any, Any],
-    create_scheduler_fn: Any,
-    collate_fn: Any,
-    seed: Any,
-    reset_run_history: Any,
-    resume_from: Any,
-) -> None:
-    """The arguments of ``train()`` besides the counts and the data sets."""
-    check_optional_callable(
-        create_scheduler_fn,
-        "create_scheduler_fn",
-        "a function optimizer -> scheduler",
-        " E.g. create_scheduler_fn=CosineLrScheduler.create_scheduler_fn() or "
-        "functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10).",
-    )
-    check_collate_fn(collate_fn)
-    check_seed(seed)
-    check_flag(reset_run_history, "reset_run_history")
-    check_resume_from(resume_from)
-    check_dataloader_kwargs(dataloader_kwargs[0], "train_dataloader_kwargs")
-    check_dataloader_kwargs(dataloader_kwargs[1], "eval_dataloader_kwargs")
-
-
 def check_collate_fn(collate_fn: Any) -> None:
     check_optional_callable(collate_fn, "collate_fn", "a function that makes a batch from a list of samples")
 
@@ -246,32 +220,38 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     raise StopTrainingError(message)
 
 
-def check_train_arguments(
-    accelerator: Any, model: Any, optimizer: Any, settings: dict[str, Any], **set_up: Any
-) -> None:
-    """Check every argument of ``train()`` before anything is set up: ``settings`` holds the
-    counts and clipping values, ``set_up`` the keywords of the Trainer's set-up (the data sets,
-    loader arguments, ``create_scheduler_fn``, ``collate_fn``, ``seed``, ...); ``accelerator``
-    tells which clipping its set-up supports."""
+def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, arguments: dict[str, Any]) -> None:
+    """Check every argument of ``train()`` (``arguments``, by name) before anything is set up;
+    ``accelerator`` tells which clipping and accumulation its set-up supports."""
     if optimizer is None:
         raise ValueError(
             "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
             "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
         )
     check_optimizer_holds_model_parameters(model, optimizer)
-    check_whole_number(settings["num_epochs"], "num_epochs")
-    check_whole_number(settings["per_device_batch_size"], "per_device_batch_size")
-    check_whole_number(settings["gradient_accumulation_steps"], "gradient_accumulation_steps")
-    check_whole_number(settings["max_num_train_steps"], "max_num_train_steps", optional=True)
-    check_positive_number(settings["gradient_clip_value"], "gradient_clip_value")
-    check_positive_number(settings["max_grad_norm"], "max_grad_norm")
-    check_clipping_supported(accelerator, settings["gradient_clip_value"])
-    check_accumulation_supported(accelerator, settings["gradient_accumulation_steps"])
-    train_dataset, eval_dataset = set_up["datasets"]
-    check_dataset(train_dataset, "train_dataset")
-    if eval_dataset is not None:
-        check_dataset(eval_dataset, "eval_dataset")
-    _check_set_up_arguments(**set_up)
+    for name in ("num_epochs", "per_device_batch_size", "gradient_accumulation_steps"):
+        check_whole_number(arguments[name], name)
+    check_whole_number(arguments["max_num_train_steps"], "max_num_train_steps", optional=True)
+    check_positive_number(arguments["gradient_clip_value"], "gradient_clip_value")
+    check_positive_number(arguments["max_grad_norm"], "max_grad_norm")
+    check_clipping_supported(accelerator, arguments["gradient_clip_value"])
+    check_accumulation_supported(accelerator, arguments["gradient_accumulation_steps"])
+    check_dataset(arguments["train_dataset"], "train_dataset")
+    if arguments["eval_dataset"] is not None:
+        check_dataset(arguments["eval_dataset"], "eval_dataset")
+    check_optional_callable(
+        arguments["create_scheduler_fn"],
+        "create_scheduler_fn",
+        "a function optimizer -> scheduler",
+        " E.g. create_scheduler_fn=CosineLrScheduler.create_scheduler_fn() or "
+        "functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10).",
+    )
+    check_collate_fn(arguments["collate_fn"])
+    check_seed(arguments["seed"])
+    check_flag(arguments["reset_run_history"], "reset_run_history")
+    check_resume_from(arguments["resume_from"])
+    check_dataloader_kwargs(arguments["train_dataloader_kwargs"], "train_dataloader_kwargs")
+    check_dataloader_kwargs(arguments["eval_dataloader_kwargs"], "eval_dataloader_kwargs")
 
 
 def check_clipping_supported(accelerator: Any, gradient_clip_value: Any) -> None:

@@ -9,9 +9,11 @@ they are checked and loaded, is its layout's (:mod:`.layouts`), chosen once per 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -105,86 +107,67 @@ class TrainingStateStore:
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
-        write = self._start_background_write if asynchronous else self._write
+        state = _StateSave(layout, objects, output_dir, position, extra, weights)
         try:
-            write(layout, objects, output_dir, position, extra, weights)
+            self._start_background_write(state) if asynchronous else self._write(state)
         except KeyboardInterrupt:
             remove_temporary(output_dir)
             raise
 
-    def _collective_save(self, output_dir: Path) -> CollectiveSave:
-        clean_up = lambda: remove_temporary(output_dir)  # noqa: E731
-        return CollectiveSave(
-            self._accelerator, "the training state", output_dir, "the previous states are intact", clean_up
+    def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
+        """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
+        output_dir = state.output_dir
+        save = CollectiveSave(
+            self._accelerator,
+            "the training state",
+            output_dir,
+            "the previous states are intact",
+            state.clean_up,
         )
+        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
+        return save
 
-    def _write(
-        self,
-        layout: PlainLayout,
-        objects: TrainingObjects,
-        output_dir: Path,
-        position: dict[str, int],
-        extra: Any,
-        weights: Any,
-    ) -> None:
+    def _write(self, state: _StateSave) -> None:
         """Write the state into its hidden directory, then publish it, agreeing after each step."""
         main = writes_shared_files(self._accelerator)
-        save, temporary = self._collective_save(output_dir), temporary_dir_for(output_dir)
-        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
-        contents: dict[str, Any] = {}
-        error = attempt(
-            lambda: contents.update(
-                layout.files_to_write(objects, position, extra, weights if main else None)
-            )
+        save, temporary, contents = self._begin(state, main), temporary_dir_for(state.output_dir), {}
+        error = attempt(lambda: contents.update(state.files(main))) or attempt(
+            write_files, temporary, contents
         )
-        error = error or attempt(write_files, temporary, contents)
         save.agree(
             unshared_directory_error(self._accelerator, temporary, error) if error is not None else None
         )
-        layout.write_collectively(objects, temporary, save)
-        error = attempt(self._publish, layout, objects, temporary, output_dir, position) if main else None
-        save.agree(error)
+        state.layout.write_collectively(state.objects, temporary, save)
+        save.agree(attempt(self._publish, state, temporary) if main else None)
 
     @staticmethod
-    def _publish(
-        layout: PlainLayout, objects: TrainingObjects, temporary: Path, output_dir: Path, position: Any
-    ) -> None:
+    def _publish(state: _StateSave, temporary: Path) -> None:
         """Write the manifest, listing every file of the state, then publish it."""
-        layout.before_publishing(temporary)
-        write_manifest(temporary, {**layout.manifest(objects, position), "files": list_files(temporary)})
-        publish(temporary, output_dir)
+        state.layout.before_publishing(temporary)
+        write_manifest(temporary, {**state.manifest(), "files": list_files(temporary)})
+        publish(temporary, state.output_dir)
 
-    def _start_background_write(
-        self,
-        layout: PlainLayout,
-        objects: TrainingObjects,
-        output_dir: Path,
-        position: dict[str, int],
-        extra: Any,
-        weights: Any,
-    ) -> None:
+    def _start_background_write(self, state: _StateSave) -> None:
         """Copy the state to host memory (the loop may change the originals from now on) and write
         it in a background thread; :meth:`wait` waits for it."""
         accelerator = self._accelerator
         if saves_on_each_node(accelerator) and accelerator.num_processes > 1:
             raise ValueError(
-                f"Cannot save {output_dir} asynchronously with accelerate's save_on_each_node: the process that "
-                f"publishes a state in the background waits for the others' files in its folder, which needs a "
-                f"shared file system. Save it synchronously (asynchronous=False), or turn save_on_each_node off "
-                f"on a shared file system."
+                f"Cannot save {state.output_dir} asynchronously with accelerate's save_on_each_node: the "
+                f"process that publishes a state in the background waits for the others' files in its folder, "
+                f"which needs a shared file system. Save it synchronously (asynchronous=False), or turn "
+                f"save_on_each_node off on a shared file system."
             )
         main = accelerator.is_main_process
-        save, temporary = self._collective_save(output_dir), temporary_dir_for(output_dir)
-        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
-        contents: dict[str, Any] = {}
+        save, contents = self._begin(state, main), {}
         # The previous copy's memory is free again (it was waited for).
-        files_here = lambda: layout.files_to_write(objects, position, extra, weights if main else None)  # noqa: E731
-        error = attempt(lambda: contents.update(to_host(files_here(), self._host_buffers)))
-        save.agree(error or unshared_directory_error(accelerator, temporary))
-        manifest = layout.manifest(objects, position) if main else None
-        rank, processes = accelerator.process_index, accelerator.num_processes
-        job = BackgroundStateWrite(output_dir, contents, rank, processes, manifest, collective_timeout_s())
-        self._background = (job, position["global_step"])
+        error = attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
+        save.agree(error or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir)))
+        rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
+        job = BackgroundStateWrite(
+            state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
+        )
+        self._background = (job, state.position["global_step"])
 
     def wait(self) -> None:
         """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
@@ -201,7 +184,11 @@ class TrainingStateStore:
         (job, step), self._background = self._background, None
         error = job.wait()
         try:
-            self._collective_save(job.output_dir).agree(cast(Exception | None, error))
+            clean_up = functools.partial(remove_temporary, job.output_dir)
+            what, kept = "the training state", "the previous states are intact"
+            CollectiveSave(self._accelerator, what, job.output_dir, kept, clean_up).agree(
+                cast(Exception | None, error)
+            )
         except files.CheckpointWriteError as failure:
             raise files.CheckpointWriteError(
                 failure.errno,
@@ -333,3 +320,27 @@ class TrainingStateStore:
             if RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
                 seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
                 set_seed(seed + int(pending["rng"][RESEED_KEY]))
+
+
+@dataclass(frozen=True)
+class _StateSave:
+    """One training state being saved: its layout, the run's objects, where it goes, the position it
+    records, the user's ``checkpoint_kwargs`` and the weights' files (the writing process's)."""
+
+    layout: PlainLayout
+    objects: TrainingObjects
+    output_dir: Path
+    position: dict[str, int]
+    extra: dict[str, Any]
+    weights: dict[str, Any]
+
+    def files(self, writes_shared: bool) -> dict[str, Any]:
+        return self.layout.files_to_write(
+            self.objects, self.position, self.extra, self.weights if writes_shared else None
+        )
+
+    def manifest(self) -> dict[str, Any]:
+        return self.layout.manifest(self.objects, self.position)
+
+    def clean_up(self) -> None:
+        remove_temporary(self.output_dir)
