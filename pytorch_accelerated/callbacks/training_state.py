@@ -8,8 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from .._internal.distributed import per_process
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.intervals import every
@@ -199,8 +198,11 @@ class SaveTrainingStateCallback(TrainerCallback):
             return self.signal_received
         if count is not None and not every(self.check_signals_every_n_steps, count):
             return None
-        mine = torch.tensor([self.signal_received or 0], device=trainer.device)
-        received = [int(signum) for signum in trainer.accelerator.gather(mine).tolist() if signum]
+        received = [
+            int(signum)
+            for (signum,) in per_process(trainer.accelerator, [self.signal_received or 0])
+            if signum
+        ]
         return received[0] if received else None
 
     def _stop(self, trainer: Trainer, signum: int, directory_name: str | None = None) -> None:
