@@ -23,8 +23,8 @@ from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveBestModelCallback, SaveTrainingStateCallback
 from pytorch_accelerated.schedulers import CosineLrScheduler
 
-#: The Trainer's methods that the docs name as override points (SPEC's table and "Documented
-#: internal extension points"), besides the ML steps' event hooks.
+#: The Trainer's methods that the docs name as override points (docs/inside-the-trainer.md, the
+#: API reference): one method per ML step, the set-up methods and the extension points.
 OVERRIDE_POINTS = (
     "_create_accelerator",
     "_prepare_model_optimizer_and_dataloaders",
