@@ -111,6 +111,22 @@ def main() -> None:
         print(f"  {module}")
     for component in circles(graph):
         print(f"import circle of {len(component)} modules (typing imports included): {', '.join(component)}")
+    by_design = {"pytorch_accelerated.runs", "pytorch_accelerated.timm_schedulers"}
+    forward = {
+        module: {
+            target
+            for target in targets
+            if not (
+                target == "pytorch_accelerated.trainer"
+                and (module in by_design or module.startswith("pytorch_accelerated.callbacks"))
+            )
+        }
+        for module, targets in graph.items()
+    }
+    print(
+        f"import circles without the edges back to the trainer from its observers (callbacks), "
+        f"its run adapter (runs) and its subclass (timm_schedulers): {circles(forward)}"
+    )
     containers = []
     for name, source in sources.items():
         for node in ast.parse(source).body:
