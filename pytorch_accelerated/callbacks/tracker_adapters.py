@@ -121,6 +121,13 @@ class ResumableWandBTracker(WandBTracker):
             self.written_steps = wandb_written_steps(Path(directory), run_id)
         super().start()
 
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        # accelerate 1.9-1.12 store it in offline mode by finishing the run and starting another
+        # (a second run id, which breaks resuming); update the run in place, as later ones do.
+        import wandb
+
+        wandb.config.update(values, allow_val_change=True)
+
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         values = not_written_yet(values, step, self.written_steps)
         if values:
