@@ -125,19 +125,90 @@ class RecordingTrainer(Trainer):
         return super().calculate_eval_batch_loss(batch)
 
 
+#: The default of an argument of :func:`make_trainer` (``None`` is a value some tests pass).
+DEFAULT: Any = object()
+
+
+def make_trainer(
+    callbacks: Any = (),
+    *,
+    model: nn.Module | None = None,
+    seed: int = 0,
+    loss_func: Any = DEFAULT,
+    optimizer: Any = DEFAULT,
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.SGD,
+    lr: float = 0.01,
+    momentum: float | None = None,
+    trainer_class: type[Trainer] = Trainer,
+    **trainer_kwargs: Any,
+) -> Trainer:
+    """The suite's trainer factory: model + loss + optimizer + callbacks -> ``trainer_class``.
+
+    By default the linear model of :func:`make_linear_model` (``seed``), ``nn.MSELoss()`` and
+    ``optimizer_class(model.parameters(), lr=lr)`` (plus ``momentum`` when given), no callbacks.
+    ``model``, ``loss_func`` and ``optimizer`` replace the defaults as given (``None`` too, for
+    the tests of bad input); ``callbacks`` is passed as given; ``trainer_kwargs`` go to the
+    trainer class (a subclass's own arguments, ``**kwargs`` of ``Trainer``). A module that needs
+    other defaults binds them once: ``make_trainer = functools.partial(helpers.make_trainer, lr=0.1)``.
+    """
+    model = make_linear_model(seed=seed) if model is None else model
+    if optimizer is DEFAULT:
+        optimizer_kwargs: dict[str, Any] = {"lr": lr}
+        if momentum is not None:
+            optimizer_kwargs["momentum"] = momentum
+        optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)
+    loss_func = nn.MSELoss() if loss_func is DEFAULT else loss_func
+    return trainer_class(model, loss_func, optimizer, callbacks=callbacks, **trainer_kwargs)
+
+
 def make_recording_trainer(
     log: list[str], extra_callbacks: tuple = (), positions: list[Position] | None = None, **kwargs: Any
 ) -> RecordingTrainer:
-    model = make_linear_model()
-    return RecordingTrainer(
-        model,
-        nn.MSELoss(),
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        callbacks=(EventRecorder(log, positions), *extra_callbacks),
+    return make_trainer(  # type: ignore[return-value]
+        (EventRecorder(log, positions), *extra_callbacks),
+        trainer_class=RecordingTrainer,
         log=log,
         positions=positions,
         **kwargs,
     )
+
+
+def weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every tensor of the module's state dict, by name."""
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def assert_close_weights(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+class RecordUpdates(TrainerCallback):
+    """The model's (and an EMA callback's) weights after each optimizer update and each epoch."""
+
+    def __init__(self, ema_callback: Any = None) -> None:
+        self.ema_callback, self.initial, self._last_step = ema_callback, {}, 0
+        self.model_weights: list[dict[str, torch.Tensor]] = []  # index i: after update i + 1
+        self.ema_weights: list[dict[str, torch.Tensor]] = []
+        self.ema_per_epoch: list[dict[str, torch.Tensor]] = []
+
+    def ema(self) -> dict[str, torch.Tensor]:
+        return weights(self.ema_callback.ema_model.module) if self.ema_callback else {}
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.initial = weights(trainer.get_model())
+
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
+        if trainer.progress.global_step != self._last_step:
+            self._last_step = trainer.progress.global_step
+            self.model_weights.append(weights(trainer.get_model()))
+            self.ema_weights.append(self.ema())
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.ema_per_epoch.append(self.ema())
 
 
 # ---------------------------------------------------------------------------- subprocesses

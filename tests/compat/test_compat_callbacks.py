@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -33,6 +32,7 @@ from pytorch_accelerated.checkpoints.discovery import list_complete_states, reso
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.utils import ModelEma
+from tests.helpers import make_linear_model, make_regression_data
 
 EVAL_DATA = make_regression_data(8, seed=5)
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.schedulers.cosine_scheduler import CosineLrScheduler
+from tests.helpers import make_linear_model, make_regression_data
 
 DATA = make_regression_data(16)  # 4 batches of 4: 4 updates per epoch
 

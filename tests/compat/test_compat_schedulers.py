@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer, TrainerPlaceholderValues
@@ -26,6 +25,7 @@ from pytorch_accelerated.schedulers import base, cosine, wsd
 from pytorch_accelerated.schedulers.cosine_scheduler import CosineLrScheduler
 from pytorch_accelerated.schedulers.scheduler_base import SchedulerBase, StatefulSchedulerBase
 from pytorch_accelerated.schedulers.wsd_scheduler import WSDLrScheduler, estimate_checkpoint_steps
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def optimizer_with(*lrs: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:

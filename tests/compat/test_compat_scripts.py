@@ -9,11 +9,12 @@ on the world's process zero.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+
+from tests.helpers import finished_but_aborted_at_teardown, subprocess_env
+from tests.launch import launcher
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TIMEOUT_S = 120
@@ -34,19 +35,7 @@ NEEDS = {"timm_mixup_ema.py": "timm", "transformers_classifier.py": "transformer
 
 
 def run_script(script: str, tmp_path: Path, nproc: int) -> str:
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += [
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-        ]
-    command = [*launcher, str(SCRIPTS / script)]
+    command = [*launcher(nproc), str(SCRIPTS / script)]
     result = subprocess.run(
         command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
     )

@@ -19,7 +19,6 @@ import accelerate
 import accelerate.utils
 import pytest
 import torch
-from helpers import make_linear_model, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer, accelerate_notebook_launcher, logger, notebook_launcher, set_seed
@@ -32,6 +31,7 @@ from pytorch_accelerated.callbacks import (
 )
 from pytorch_accelerated.finetuning import BN_MODULES, Layer, LayerGroup, ModelFreezer
 from pytorch_accelerated.tracking import InMemoryRunHistory
+from tests.helpers import make_linear_model, subprocess_env
 
 # ---------------------------------------------------------------- names
 

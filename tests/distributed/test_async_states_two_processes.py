@@ -16,10 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-from conftest import launch_workers, start_workers
-
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers, start_workers
 
 
 def test_async_states_on_two_processes_are_published_rotated_and_resume_exactly(tmp_path: Path) -> None:

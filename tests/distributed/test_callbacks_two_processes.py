@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers
 
 PER_DEVICE_BATCH = 4
 SIZES = [37, 9, 3]

@@ -26,13 +26,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import WorkerRun, load_worker_module, start_workers
 from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints import directories, sharded, state_checks
-
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, load_worker_module, start_workers
 
 FULL = ("--state-dict-type", "FULL_STATE_DICT")
 

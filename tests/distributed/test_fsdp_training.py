@@ -23,12 +23,10 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from conftest import WorkerRun, launch_workers
 from torch import nn
 
 from pytorch_accelerated import Trainer
-
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 TOLERANCE = 1e-5
 

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers
 
 GRACE_S = 2  # PT_ACC_SIGNAL_GRACE in these runs
 TIMEOUT_S = 2  # PT_ACC_COLLECTIVE_TIMEOUT in these runs

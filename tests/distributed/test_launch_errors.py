@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 TIMEOUT_S = 60.0
 

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WORKERS_DIR
-from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
 
 from pytorch_accelerated._internal.launch_checks import (
     DEFAULT_RENDEZVOUS_TIMEOUT_S,
@@ -38,8 +36,8 @@ from pytorch_accelerated._internal.launch_checks import (
     launch_to_check,
     rendezvous_timeout_s,
 )
-
-pytestmark = pytest.mark.distributed
+from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from tests.launch import WORKERS_DIR
 
 TIMEOUT_S = 120.0  # per process: far beyond every wait below
 SHORT_RENDEZVOUS_S = 2.0  # the rendezvous timeout of the launches that miss a process

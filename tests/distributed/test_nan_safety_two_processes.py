@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WorkerRun, launch_workers
 
 from pytorch_accelerated.checkpoints.files import safe_torch_load
-
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 ONSETS = tuple(range(1, 13))  # workers/nan_safety.py: every update of an epoch
 CHECK_EVERY = 10  # TerminateOnNaNCallback's default

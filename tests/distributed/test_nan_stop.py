@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_TIMEOUT_S, WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import DEFAULT_TIMEOUT_S, WorkerRun, launch_workers
 
 NAN_AT_STEP = 5  # NaNLossOnRank1.nan_at_step in workers/nan_stop.py
 SCENARIOS = ["default_callbacks", "check_every_step"]

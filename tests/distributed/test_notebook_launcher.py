@@ -11,10 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-from helpers import free_port, subprocess_env
-
-pytestmark = pytest.mark.distributed
+from tests.helpers import free_port, subprocess_env
 
 SCRIPT = textwrap.dedent(
     """

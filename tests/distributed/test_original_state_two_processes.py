@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from conftest import launch_workers
-
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers
 
 
 def test_an_original_state_resumes_on_two_processes_with_each_ranks_rngs(tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import start_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import start_workers
 
 PER_DEVICE_BATCH = 4
 NUM_SAMPLES = 64  # a multiple of 2 x PER_DEVICE_BATCH x 2 (the largest accumulation)

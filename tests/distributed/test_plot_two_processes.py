@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from conftest import launch_workers
 from PIL import Image
 
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers
 
 
 def test_only_the_main_process_writes_the_plot(tmp_path: Path) -> None:

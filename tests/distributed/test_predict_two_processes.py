@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import launch_workers, load_worker_module
 
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers, load_worker_module
 
 
 @pytest.fixture(scope="module")

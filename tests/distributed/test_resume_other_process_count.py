@@ -17,14 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import WorkerRun, launch_workers, start_workers
 from torch import nn
 from torch.utils.data import IterableDataset, SequentialSampler
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
-
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers, start_workers
 
 NUM_SAMPLES = 28  # as in workers/reshard_worker.py
 SAVE_AT = 3  # batches per process: 3 x 2 processes x 2 = 12 samples seen

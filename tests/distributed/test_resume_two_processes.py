@@ -20,9 +20,8 @@ import signal
 import time
 
 import pytest
-from conftest import DEFAULT_TIMEOUT_S, RunningGroup, WorkerRun, start_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import DEFAULT_TIMEOUT_S, RunningGroup, WorkerRun, start_workers
 
 TOTAL_STEPS = 27  # 3 epochs x 9 steps, in workers/resume_worker.py
 PAUSE_AT_STEP = 5

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import start_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import start_workers
 
 LR = 0.5
 KINDS = ["int", "0d", "1element"]

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 TIMEOUT_S = 90.0
 

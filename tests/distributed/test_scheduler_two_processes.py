@@ -7,9 +7,8 @@ from the number of updates per epoch ended after 1/P of the run.
 from __future__ import annotations
 
 import pytest
-from conftest import WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 RUNS = ["cosine-1", "cosine-2", "wsd-1", "wsd-2"]
 LR_MIN = 1e-4

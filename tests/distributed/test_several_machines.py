@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WORKERS_DIR
-from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
 
-pytestmark = pytest.mark.distributed
+from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from tests.launch import WORKERS_DIR, launcher
 
 TIMEOUT_S = 120.0
 
@@ -38,8 +36,7 @@ def launch_node(node_rank: int, port: int, node_dir: Path) -> subprocess.Popen[b
     tmp_dir = node_dir / "tmp"
     tmp_dir.mkdir(parents=True)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
-        "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+        *launcher(1, nnodes=2, node_rank=node_rank, master_port=port),
         str(WORKERS_DIR / "several_machines.py"), "--out", str(node_dir),
     ]  # fmt: skip
     with open(node_dir / "output.txt", "w") as output:  # a file, so neither node blocks on a full pipe

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import WorkerRun, launch_workers
 
-pytestmark = pytest.mark.distributed
+from tests.launch import WorkerRun, launch_workers
 
 NOTICE = "ConvertSyncBatchNormCallback: torch supports SyncBatchNorm only on"
 

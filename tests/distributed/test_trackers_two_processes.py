@@ -9,11 +9,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import launch_workers, load_worker_module
 
 from pytorch_accelerated.callbacks.tracker_adapters import wandb_offline_records
-
-pytestmark = pytest.mark.distributed
+from tests.launch import launch_workers, load_worker_module
 
 
 @pytest.fixture(scope="module")

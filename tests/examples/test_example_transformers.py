@@ -10,34 +10,21 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
 
-pytestmark = pytest.mark.examples
+from tests.helpers import REPO_ROOT, finished_but_aborted_at_teardown, subprocess_env
+from tests.launch import launcher
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_transformers_classifier.py"
+SCRIPT = REPO_ROOT / "examples" / "train_transformers_classifier.py"
 TINY = ["--train-samples", "512", "--eval-samples", "128", "--batch-size", "16", "--accumulation", "2"]
 
 
 def _run(tmp_path: Path, nproc: int, epochs: int) -> re.Match[str]:
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += [
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-        ]
-    command = [*launcher, str(SCRIPT), *TINY, "--epochs", str(epochs)]
+    command = [*launcher(nproc), str(SCRIPT), *TINY, "--epochs", str(epochs)]
     result = subprocess.run(
         command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
     )

@@ -18,12 +18,11 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
 from PIL import Image
 
-pytestmark = pytest.mark.examples
+from tests.helpers import REPO_ROOT, finished_but_aborted_at_teardown, subprocess_env
+from tests.launch import launcher
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "examples" / "train_digits.py"
 TIMEOUT_S = 120
 SEED = 42
@@ -90,16 +89,7 @@ def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot
 
 @pytest.mark.distributed
 def test_example_reaches_95_percent_on_two_torchrun_processes(tmp_path, example):
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-    ]
-    output, out_dir = _run_example(launcher, tmp_path, subprocess_env(tmp_path))
+    output, out_dir = _run_example(launcher(2), tmp_path, subprocess_env(tmp_path))
 
     assert "num_processes=2" in output, output
     accuracy = _final_accuracy(output)

@@ -21,11 +21,9 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers import subprocess_env
 
-pytestmark = pytest.mark.examples
+from tests.helpers import REPO_ROOT, subprocess_env
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
 TIMEOUT_S = 180
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_regression_data, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -28,8 +27,10 @@ from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import CosineLrScheduler
+from tests.helpers import make_regression_data, subprocess_env
+from tests.launch import WORKERS_DIR
 
-WORKER = Path(__file__).parent / "distributed" / "workers" / "async_states.py"
+WORKER = WORKERS_DIR / "async_states.py"
 
 
 def assert_equal_nested(a: Any, b: Any, where: str) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO_ROOT, subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env
 
 FIGURES = ("EVAL_RATIO", "EVAL_IN_TRAIN_RATIO", "FIRST_UPDATE_MS", "IMPORT_S", "PEAK_MB_ABOVE_PLAIN")
 

@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
+from tests.helpers import make_linear_model, make_regression_data, subprocess_env
+from tests.launch import WORKERS_DIR
 
-SAVE_FAULTS_WORKER = Path(__file__).parent / "distributed" / "workers" / "save_faults.py"
+SAVE_FAULTS_WORKER = WORKERS_DIR / "save_faults.py"
 
 
 def make_trainer(seed: int = 0) -> Trainer:

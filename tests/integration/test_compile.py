@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO_ROOT, make_regression_data, subprocess_env
 from torch import nn
 from torch._dynamo.utils import counters
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.utils import compile_regions
+from tests.helpers import make_regression_data, subprocess_env
 
 DATA = make_regression_data(16)  # 4 batches of 4: every batch has one shape
 
@@ -209,7 +209,7 @@ def test_accelerate_launch_compiles_by_regions_from_its_dynamo_options(tmp_path:
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "eager", "--dynamo_use_regional_compilation",
-        str(REPO_ROOT / "tests" / "compile_worker.py"), str(tmp_path / "c.pt"),
+        str(Path(__file__).parent / "workers" / "compile_worker.py"), str(tmp_path / "c.pt"),
     ]  # fmt: skip
     done = subprocess.run(
         command, env=subprocess_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120

@@ -23,16 +23,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import subprocess_env
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT, subprocess_env
+
 ILLUSTRATIVE = "<!-- illustrative -->"
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 
 
 def doc_pages() -> list[Path]:
     """README.md and every Markdown page under docs/."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 
 
 def python_blocks(text: str) -> list[tuple[int, str, bool]]:
@@ -73,7 +73,7 @@ def test_the_block_parser_honours_the_convention() -> None:
 PAGES = [page for page in doc_pages() if page_script(page) is not None]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO_ROOT)) for p in PAGES])
 def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
     script = page_script(page)
     assert script is not None
@@ -83,14 +83,14 @@ def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, (
-        f"a runnable ```python block of {page.relative_to(ROOT)} failed (mark it illustrative with "
+        f"a runnable ```python block of {page.relative_to(REPO_ROOT)} failed (mark it illustrative with "
         f"{ILLUSTRATIVE!r} on the line before its fence if it is not meant to run):\n{result.stderr[-4000:]}"
     )
 
 
 def test_the_walk_throughs_stay_runnable() -> None:
     """The README's and the quickstart's examples are run, not merely shown."""
-    assert {ROOT / "README.md", ROOT / "docs" / "quickstart.md"} <= set(PAGES)
+    assert {REPO_ROOT / "README.md", REPO_ROOT / "docs" / "quickstart.md"} <= set(PAGES)
 
 
 PUBLIC_MODULES = [
@@ -109,6 +109,6 @@ def test_every_public_name_is_in_the_api_reference(module_name: str) -> None:
     """Each name of a public module's ``__all__`` is on a page of docs/api (a ``:::`` directive or,
     for re-exports of accelerate that mkdocstrings cannot render, a mention)."""
     module = importlib.import_module(module_name)
-    reference = "".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+    reference = "".join(page.read_text() for page in (REPO_ROOT / "docs" / "api").glob("*.md"))
     missing = [name for name in module.__all__ if name != "__version__" and name not in reference]
     assert not missing, f"{module_name} names missing from docs/api/*.md: {missing}"

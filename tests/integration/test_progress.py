@@ -25,14 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import (
-    finished_but_aborted_at_teardown,
-    free_port,
-    make_linear_model,
-    make_regression_data,
-    subprocess_env,
-)
-from progress_worker import CALLBACK_LINE
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -43,8 +35,16 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
 )
 from pytorch_accelerated.callbacks.defaults import format_metric_value
+from tests.helpers import (
+    finished_but_aborted_at_teardown,
+    make_linear_model,
+    make_regression_data,
+    subprocess_env,
+)
+from tests.integration.workers.progress_worker import CALLBACK_LINE
+from tests.launch import launcher
 
-WORKER = str(Path(__file__).parent / "progress_worker.py")
+WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 METRIC_LINE = re.compile(r"^(train_loss_epoch|eval_loss_epoch|accuracy): (\S+)$")
 
 
@@ -174,16 +174,7 @@ def test_terminal_shows_bars_with_true_final_states_and_prints_above_them(tmp_pa
 
 
 def test_two_processes_print_one_set_of_progress_lines_with_true_final_states(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-    ]
-    command += ["--master_port", str(free_port()), WORKER, "--samples", "88"]
+    command = [*launcher(2), WORKER, "--samples", "88"]
     done = subprocess.run(command, env=worker_env(tmp_path), capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     finished = "FINISHED rank 0" in output and "FINISHED rank 1" in output

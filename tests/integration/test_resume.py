@@ -16,23 +16,22 @@ import pickle
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import resume_worker as rw
 import torch
-from helpers import EventRecorder, finished_but_aborted_at_teardown, free_port, subprocess_env
 
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
+from tests.helpers import EventRecorder, finished_but_aborted_at_teardown, subprocess_env
+from tests.integration.workers import resume_worker as rw
+from tests.launch import launcher
 
 WORKER = Path(rw.__file__).resolve()
-REPO_ROOT = WORKER.parents[1]
 TIMEOUT_S = 120.0
 
 
@@ -66,11 +65,7 @@ class Worker:
         self.out = out
         self.log_path = out / "worker.log"
         env = subprocess_env(out)
-        launcher = [sys.executable]
-        if nproc > 1:
-            launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-                         "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
-        self.command = [*launcher, str(WORKER), "--out", str(out), *args]
+        self.command = [*launcher(nproc), str(WORKER), "--out", str(out), *args]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True

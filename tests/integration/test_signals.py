@@ -10,15 +10,20 @@ tests/distributed/test_hangs.py.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import signal_worker as sw
-from helpers import subprocess_env
+
+from tests.helpers import (
+    subprocess_env,
+)
+from tests.integration.workers import signal_worker as sw
 
 WORKER = Path(sw.__file__).resolve()
 TIMEOUT_S = 120.0
@@ -146,3 +151,47 @@ def test_a_bad_collective_timeout_in_the_environment_names_the_variable(
         f"The environment variable PT_ACC_COLLECTIVE_TIMEOUT={value!r} must be a positive number of "
         f"seconds, e.g. PT_ACC_COLLECTIVE_TIMEOUT=300; unset it for the default (300 s)."
     )
+
+
+SIGTERM_AFTER_FAILURE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    from pytorch_accelerated import Trainer
+    from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+
+    class Fails(TrainerCallback):
+        def on_train_epoch_end(self, trainer, **kwargs):
+            raise RuntimeError("a callback failed")
+
+    model = nn.Linear(3, 1)
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                      callbacks=(SaveTrainingStateCallback(sys.argv[1]), Fails()))
+    try:
+        trainer.train(TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), num_epochs=1)
+    except RuntimeError:
+        print("train() raised", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    print("SIGTERM was ignored", flush=True)
+    """
+)
+
+
+def test_sigterm_after_a_failed_run_terminates_the_process(tmp_path: Path) -> None:
+    # The reported defect: the callback's SIGTERM handler stayed installed after the failure,
+    # so the process went on ignoring SIGTERM.
+    script = tmp_path / "script.py"
+    script.write_text(SIGTERM_AFTER_FAILURE)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "states")],
+        env=subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "train() raised" in result.stdout, result.stderr
+    assert "SIGTERM was ignored" not in result.stdout
+    assert result.returncode == -signal.SIGTERM

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_regression_data, subprocess_env
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
@@ -37,6 +36,7 @@ from pytorch_accelerated.callbacks import (
 )
 from pytorch_accelerated.callbacks.tracker_adapters import wandb_offline_records
 from pytorch_accelerated.schedulers import CosineLrScheduler
+from tests.helpers import make_regression_data, subprocess_env
 
 ALL_TRACKERS = ("csv", "tensorboard", "mlflow", "wandb")
 RUN_NAME = "tiny"

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import PrintProgressCallback, SaveTrainingStateCallback, TrainerCallback
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def make_trainer(**overrides: Any) -> Trainer:

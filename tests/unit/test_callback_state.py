@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -23,6 +22,7 @@ from pytorch_accelerated.callbacks import (
 )
 from pytorch_accelerated.checkpoints.discovery import list_complete_states
 from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def early_stopping() -> EarlyStoppingCallback:

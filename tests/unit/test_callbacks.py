@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -21,6 +20,7 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
     get_default_callbacks,
 )
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def test_default_callbacks_are_the_five_documented_classes_in_order() -> None:

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import IndexedDataset, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -16,6 +15,7 @@ from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.callbacks.evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
 from pytorch_accelerated.callbacks.limits import LimitBatchesCallback, limit_batches_callback_from_env
 from pytorch_accelerated.utils import LimitBatches
+from tests.helpers import IndexedDataset, make_regression_data
 
 ENV = "PT_ACC_LIMIT_BATCHES"
 TRAIN, EVAL = make_regression_data(40, seed=0), make_regression_data(40, seed=1)  # 10 batches of 4 each

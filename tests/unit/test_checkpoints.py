@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def make_trainer(seed: int = 0) -> Trainer:

@@ -1,11 +1,30 @@
+"""ModelEma (the averaged copy) and ModelEmaCallback (per-update averaging, EMA evaluation, best EMA
+weights, state round trips, resume)."""
+
+from __future__ import annotations
+
+import functools
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 
+from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks.ema import ModelEmaCallback
+from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.utils import ModelEma
+from tests.helpers import (
+    RecordUpdates,
+    assert_close_weights,
+    make_linear_model,
+    make_regression_data,
+    weights,
+)
+from tests.helpers import make_trainer as make_any_trainer
 
 
 class CountingNet(nn.Module):
@@ -179,3 +198,212 @@ def test_a_distributed_data_parallel_model_is_unwrapped(single_process_group):
     train_a_little(model)
     ema.update(ddp_model)
     torch.testing.assert_close(ema.module.linear.weight, 0.5 * initial + 0.5 * model.linear.weight)
+
+
+# ---------------------------------------------------------------- ModelEmaCallback
+
+make_trainer = functools.partial(make_any_trainer, lr=0.05)
+EVAL_DATA = make_regression_data(12, seed=5)
+
+
+def hand_ema(
+    start: dict[str, torch.Tensor], updates: list[dict[str, torch.Tensor]], decay: float
+) -> list[dict]:
+    ema, history = dict(start), []
+    for current in updates:
+        ema = {name: decay * ema[name] + (1 - decay) * current[name] for name in ema}
+        history.append(ema)
+    return history
+
+
+class RecordEvalSamples(TrainerCallback):
+    """Records the number of samples of each evaluation epoch as ``name``, and each epoch's kind."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.count, self.calls = name, 0, []
+
+    def on_eval_epoch_start(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        self.count = 0
+
+    def on_eval_step_end(self, trainer: Any, batch: Any, batch_output: dict, **kwargs: Any) -> None:
+        self.count += batch_output["batch_size"]
+
+    def on_eval_epoch_end(self, trainer: Any, is_intermediate: bool = False, **kwargs: Any) -> None:
+        self.calls.append(is_intermediate)
+        trainer.run_history.update_metric(self.name, self.count)
+
+
+class Scripted(TrainerCallback):
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        trainer.run_history.update_metric("scripted", self.values[trainer.progress.epoch])
+
+
+def test_ema_matches_a_hand_computation_after_every_optimizer_update(tmp_path: Path) -> None:
+    ema_callback = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=tmp_path / "ema.pt")
+    recorder = RecordUpdates(ema_callback)
+    trainer = make_trainer((ema_callback, recorder))
+    # 6 batches per epoch, 2 per update: 3 updates per epoch, 6 in all.
+    trainer.train(
+        make_regression_data(24), num_epochs=2, per_device_batch_size=4, gradient_accumulation_steps=2
+    )
+    assert len(recorder.model_weights) == 6
+    expected = hand_ema(recorder.initial, recorder.model_weights, decay=0.5)
+    for actual, wanted in zip(recorder.ema_weights, expected, strict=True):
+        assert_close_weights(actual, wanted)
+    # Without evaluation, the final EMA weights are saved at the end of the run.
+    saved = safe_torch_load(tmp_path / "ema.pt")
+    assert (saved["epoch"], saved["global_step"], saved["ema_decay"]) == (2, 6, 0.5)
+    assert_close_weights(saved["model_state_dict"], expected[-1])
+
+
+def test_ema_eval_loss_is_recorded_each_epoch_from_the_ema_weights(tmp_path: Path) -> None:
+    ema_callback = ModelEmaCallback(decay=0.9, save_path=tmp_path / "ema.pt", load_saved_checkpoint=False)
+    trainer = make_trainer((ema_callback,))
+    trainer.train(make_regression_data(16), num_epochs=3, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    history = trainer.run_history
+    assert len(history.get_metric_values("ema_model_eval_loss_epoch")) == 3
+    assert len(history.get_metric_values("eval_loss_epoch")) == 3
+    x, y = EVAL_DATA.tensors
+    with torch.no_grad():
+        expected = nn.functional.mse_loss(ema_callback.ema_model.module(x), y).item()
+    assert history.get_latest_metric("ema_model_eval_loss_epoch") == pytest.approx(expected, rel=1e-5)
+    assert history.get_latest_metric("ema_model_eval_loss_epoch") != history.get_latest_metric(
+        "eval_loss_epoch"
+    )
+
+
+def test_evaluate_after_training_does_not_evaluate_the_ema(tmp_path: Path) -> None:
+    trainer = make_trainer((ModelEmaCallback(save_path=tmp_path / "ema.pt"),))
+    trainer.train(make_regression_data(16), num_epochs=1, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    assert set(trainer.evaluate(EVAL_DATA)) == {"evaluation_loss"}
+    assert len(trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")) == 1
+
+
+def test_metric_callbacks_record_prefixed_metrics_and_only_the_ema_callbacks_see_the_ema_evaluation(
+    tmp_path: Path,
+) -> None:
+    trainer_only, ema_only = RecordEvalSamples("samples"), RecordEvalSamples("ema_only_samples")
+    ema_callback = ModelEmaCallback(save_path=tmp_path / "ema.pt", callbacks=(ema_only,))
+    trainer = make_trainer((trainer_only, ema_callback))
+    trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    history = trainer.run_history
+    assert history.get_metric_values("samples") == [12, 12]
+    assert "ema_model_samples" not in history.get_metric_names()  # the Trainer's callbacks: not the EMA's
+    assert history.get_metric_values("ema_model_ema_only_samples") == [12, 12]
+    assert "ema_only_samples" not in history.get_metric_names()
+    assert ema_only not in trainer.callback_handler.callbacks
+
+
+class IntermediateEvalAtSecondBatch(TrainerCallback):
+    """Runs an intermediate evaluation; keeps its loss and the model's loss computed by hand."""
+
+    def __init__(self) -> None:
+        self.losses: list[tuple[float, float]] = []
+
+    def on_train_step_end(
+        self, trainer: Any, batch: Any, batch_output: dict, step: int, **kwargs: Any
+    ) -> None:
+        if step == 1:
+            x, y = EVAL_DATA.tensors
+            with torch.no_grad():
+                by_hand = nn.functional.mse_loss(trainer.get_model()(x), y).item()
+            self.losses.append((trainer.run_eval_epoch(), by_hand))
+
+
+@pytest.mark.parametrize(
+    ("evaluate_intermediate", "ema_evals"), [(False, [False, False]), (True, [True, False, True, False])]
+)
+def test_ema_is_evaluated_after_intermediate_evaluations_only_when_asked(
+    tmp_path: Path, evaluate_intermediate: bool, ema_evals: list[bool]
+) -> None:
+    counter, intermediate = RecordEvalSamples("ema_samples"), IntermediateEvalAtSecondBatch()
+    ema_callback = ModelEmaCallback(
+        save_path=tmp_path / "ema.pt", callbacks=(counter,), evaluate_intermediate=evaluate_intermediate
+    )
+    trainer = make_trainer((intermediate, ema_callback))
+    trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    assert counter.calls == ema_evals
+    history = trainer.run_history
+    assert len(history.get_metric_values("ema_model_eval_loss_epoch")) == 2
+    assert len(history.get_metric_values("ema_model_intermediate_eval_loss")) == (
+        2 if evaluate_intermediate else 0
+    )
+    # The EMA evaluation does not change what the model's intermediate evaluation returned.
+    for returned, by_hand in intermediate.losses:
+        assert returned == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_best_ema_weights_are_saved_and_loaded_back_into_the_ema_copy(tmp_path: Path) -> None:
+    path = tmp_path / "ema.pt"
+    ema_callback = ModelEmaCallback(decay=0.5, save_path=path, watch_metric="scripted")
+    capture = RecordUpdates(ema_callback)
+    trainer = make_trainer((Scripted([1.0, 0.5, 0.8, 0.9]), ema_callback, capture))
+    trainer.train(make_regression_data(16), num_epochs=4, per_device_batch_size=4)
+    saved = safe_torch_load(path)
+    assert set(saved) == {"model_state_dict", "epoch", "global_step", "ema_decay", "scripted"}
+    assert (saved["epoch"], saved["global_step"], saved["scripted"]) == (2, 8, 0.5)
+    assert_close_weights(saved["model_state_dict"], capture.ema_per_epoch[1])
+    assert_close_weights(weights(ema_callback.ema_model.module), capture.ema_per_epoch[1])
+    assert not torch.equal(ema_callback.ema_model.module.weight, capture.ema_per_epoch[3]["weight"])
+    make_linear_model().load_state_dict(saved["model_state_dict"])  # loads into the bare model
+
+
+@pytest.mark.parametrize("decay", [1.5, -0.1, "0.9"])
+def test_ema_callback_rejects_a_decay_outside_0_1_when_created(decay: Any) -> None:
+    with pytest.raises(
+        ValueError, match=rf"ModelEmaCallback decay must be a number in \[0, 1\] .*got {decay!r}\."
+    ):
+        ModelEmaCallback(decay=decay)
+
+
+def test_ema_without_evaluation_data_names_the_metric_and_the_ways_out(tmp_path: Path) -> None:
+    trainer = make_trainer((ModelEmaCallback(save_path=tmp_path / "ema.pt"),))
+    with pytest.raises(ValueError) as error:
+        trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    message = str(error.value)
+    assert "watches the metric 'ema_model_eval_loss_epoch', but it was never recorded" in message
+    assert "pass eval_dataset to trainer.train(...)" in message
+    assert "evaluate_during_training=False" in message
+
+
+def test_ema_state_dict_round_trip_continues_the_average(tmp_path: Path) -> None:
+    first = ModelEmaCallback(decay=0.5, save_path=tmp_path / "ema.pt", watch_metric="scripted")
+    make_trainer((Scripted([0.3]), first)).train(
+        make_regression_data(8), num_epochs=1, per_device_batch_size=4
+    )
+    state = first.state_dict()
+    assert set(state) == {"best_metric", "best_epoch", "ema_state_dict"}
+    assert (state["best_metric"], state["best_epoch"]) == (0.3, 1)
+
+    resumed = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
+    resumed.load_state_dict(state)
+    recorder = RecordUpdates(resumed)
+    make_trainer((resumed, recorder), seed=3).train(
+        make_regression_data(8), num_epochs=1, per_device_batch_size=4
+    )
+    # The average goes on from the restored EMA weights, not from the new model's weights.
+    expected = hand_ema(state["ema_state_dict"], recorder.model_weights, decay=0.5)
+    assert_close_weights(weights(resumed.ema_model.module), expected[-1])
+    assert {k: resumed.state_dict()[k] for k in ("best_metric", "best_epoch")} == {
+        "best_metric": 0.3,
+        "best_epoch": 1,
+    }
+
+
+def test_a_resumed_run_ends_with_the_ema_of_the_uninterrupted_run(tmp_path: Path) -> None:
+    def run(seed: int, **kwargs: Any) -> ModelEmaCallback:
+        ema_callback = ModelEmaCallback(decay=0.5, evaluate_during_training=False, save_path=None)
+        saver = SaveTrainingStateCallback(
+            tmp_path / "states", save_every_n_epochs=1, save_at_end=False, handle_signals=()
+        )
+        make_trainer((ema_callback, saver), seed=seed).train(
+            make_regression_data(16), num_epochs=2, per_device_batch_size=4, **kwargs
+        )
+        return ema_callback
+
+    uninterrupted = weights(run(seed=0).ema_model.module)
+    resumed = run(seed=3, resume_from=tmp_path / "states" / "epoch_1")
+    assert_close_weights(weights(resumed.ema_model.module), uninterrupted)

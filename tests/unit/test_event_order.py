@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import AskForStepMetrics, make_recording_trainer, make_regression_data
 
 from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
+from tests.helpers import AskForStepMetrics, make_recording_trainer, make_regression_data
 
 UPDATE = ["_clip_gradients", "optimizer_step", "scheduler_step", "optimizer_zero_grad"]
 

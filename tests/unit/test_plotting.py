@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from PIL import Image
 from torch import nn
 
@@ -26,6 +25,7 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
     get_default_callbacks,
 )
+from tests.helpers import make_linear_model, make_regression_data
 
 TRAIN, EVAL = make_regression_data(32, seed=0), make_regression_data(16, seed=1)
 UPDATES_PER_EPOCH = 8

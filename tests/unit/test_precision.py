@@ -11,12 +11,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +20,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import DeepSpeedPlugin, DistributedType
-from helpers import REPO_ROOT, subprocess_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -99,49 +94,6 @@ def test_bf16_on_the_cpu_runs_the_forward_pass_in_bf16_and_trains_like_fp32() ->
     assert losses["bf16"][-1] < 0.2 * losses["bf16"][0]  # it trains...
     # ... and follows fp32 (bf16 keeps 8 bits of mantissa: a few percent per epoch)
     assert losses["bf16"] == pytest.approx(losses["no"], rel=0.1)
-
-
-def test_accelerate_launch_mixed_precision_bf16_reaches_the_trainer(tmp_path: Path) -> None:
-    # The first way: `accelerate launch --mixed_precision bf16`, for real (it sets
-    # ACCELERATE_MIXED_PRECISION for the script), with the Trainer's default _create_accelerator.
-    script = tmp_path / "train.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-        import torch
-        from torch import nn
-        from torch.utils.data import TensorDataset
-        from pytorch_accelerated import Trainer
-
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-        seen = set()
-        model[0].register_forward_hook(lambda module, inputs, output: seen.add(output.dtype))
-        trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=())
-        trainer.train(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), num_epochs=1, per_device_batch_size=8)
-        print("RESULT", trainer.run_config.mixed_precision, sorted(str(dtype) for dtype in seen))
-        """
-        )
-    )
-    launcher = Path(sys.executable).with_name("accelerate")
-    command = [
-        str(launcher),
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "1",
-        "--num_machines",
-        "1",
-        "--dynamo_backend",
-        "no",
-        "--mixed_precision",
-        "bf16",
-        str(script),
-    ]
-    result = subprocess.run(
-        command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "RESULT bf16 ['torch.bfloat16']" in result.stdout, result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------- fp16 where it cannot run
@@ -254,23 +206,6 @@ def test_max_num_train_steps_counts_updates_that_were_applied() -> None:
     trainer, recorder, _ = train_with_overflow(max_num_train_steps=2)
     assert trainer.progress.global_step == 2 and recorder.batches == 6
     assert [batch for batch, *_ in recorder.updates] == [1, 5]
-
-
-def test_the_prepared_gpu_check_of_skipped_updates_passes_as_a_cpu_dry_run(tmp_path: Path) -> None:
-    # benchmarks/gpu_checks.py runs on a lent GPU; here its logic runs on the CPU, so it does not rot.
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "benchmarks" / "gpu_checks.py"),
-        "--cpu-dry-run",
-        "--only",
-        "fp16_overflow_skip_advances_no_counter",
-    ]
-    result = subprocess.run(
-        command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0 and "GPU_CHECKS passed=1 failed=0" in result.stdout, (
-        result.stdout + result.stderr
-    )
 
 
 # ---------------------------------------------------------------- DeepSpeed and FSDP pass-through

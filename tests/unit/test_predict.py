@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import EventRecorder, make_linear_model, make_regression_data
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from pytorch_accelerated import Trainer
+from tests.helpers import EventRecorder, make_linear_model, make_regression_data
 
 
 def identity_trainer(**kwargs: Any) -> Trainer:

@@ -9,15 +9,14 @@ version of each dependency that pyproject.toml declares, so that what is declare
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 import pytorch_accelerated
+from tests.helpers import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 #: A released section of CHANGELOG.md: ``## [1.2.3] - 2026-12-03``.
 RELEASE_HEADING = re.compile(r"^## \[(?P<version>[^\]]+)\] - \d{4}-\d{2}-\d{2}$", re.MULTILINE)
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import torch
 from accelerate import Accelerator
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated import Trainer
@@ -28,6 +27,7 @@ from pytorch_accelerated.callbacks import (
 from pytorch_accelerated.run_config import RunState
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.tracking import InMemoryRunHistory, RunHistory
+from tests.helpers import make_linear_model, make_regression_data
 
 SAMPLES, BATCH = 16, 4  # 4 optimizer updates per epoch
 TRAIN = make_regression_data(SAMPLES)

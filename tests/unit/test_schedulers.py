@@ -5,11 +5,14 @@ from __future__ import annotations
 import doctest
 import functools
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
+from pytorch_accelerated import Trainer
 from pytorch_accelerated.placeholders import (
     TrainerPlaceholderValues,
     replace_trainer_placeholder_values,
@@ -22,6 +25,7 @@ from pytorch_accelerated.schedulers import (
 )
 from pytorch_accelerated.schedulers import cosine as cosine_module
 from pytorch_accelerated.schedulers import wsd as wsd_module
+from tests.helpers import make_linear_model, make_regression_data
 
 
 def make_optimizer(*lrs: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -556,3 +560,17 @@ BAD_INPUTS = [
 def test_bad_input_raises_an_error_naming_the_argument_and_value(build, error, message):
     with pytest.raises(error, match=message):
         build(make_optimizer(0.1))
+
+
+def test_a_scheduler_sees_every_optimizer_step_without_warning() -> None:
+    model = make_linear_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1.0), callbacks=())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when a scheduler steps before its optimizer
+        trainer.train(
+            make_regression_data(8),
+            num_epochs=1,
+            per_device_batch_size=2,
+            create_scheduler_fn=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
+        )
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.5**4

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import EventRecorder, make_linear_model, make_regression_data
 from torch import nn
 from torch.utils.data import SequentialSampler
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from tests.helpers import EventRecorder, make_linear_model, make_regression_data
 
 
 def make_trainer(model: nn.Module | None = None, **overrides: Any) -> Trainer:

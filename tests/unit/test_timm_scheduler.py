@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.trainer import TrainerPlaceholderValues, TrainerWithTimmScheduler
+from tests.helpers import make_linear_model, make_regression_data
 
 timm_scheduler = pytest.importorskip("timm.scheduler")
 

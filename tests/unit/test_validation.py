@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_linear_model, make_regression_data
 from torch import nn
 
 import pytorch_accelerated
@@ -36,6 +35,7 @@ from pytorch_accelerated.callbacks import (
 from pytorch_accelerated.callbacks.limits import limit_batches_callback_from_env
 from pytorch_accelerated.schedulers import CosineLrScheduler, WSDLrScheduler
 from pytorch_accelerated.utils import DataLoaderSlice, LimitBatches
+from tests.helpers import make_linear_model, make_regression_data
 
 PACKAGE = Path(pytorch_accelerated.__file__).resolve().parent
 ENV = "PT_ACC_LIMIT_BATCHES"

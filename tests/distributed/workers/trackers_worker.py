@@ -9,19 +9,14 @@ epochs) with ``TrackingCallback(log_every_n_steps=2)`` writing under ``OUT/logs`
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from common import parse_args, write_result  # noqa: E402
-
-from pytorch_accelerated import Trainer  # noqa: E402
-from pytorch_accelerated.callbacks import TrackingCallback, TrainerCallback  # noqa: E402
+from pytorch_accelerated import Trainer
+from pytorch_accelerated.callbacks import TrackingCallback, TrainerCallback
 
 TRACKERS = ("csv", "tensorboard", "mlflow", "wandb")
 RUN_NAME = "two"
@@ -77,6 +72,8 @@ def series(trainer: Trainer) -> dict[str, Any]:
 
 
 def main() -> None:
+    from common import parse_args, write_result  # beside this script (the test imports the rest alone)
+
     for name, value in {
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
