@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from pathlib import Path
@@ -182,6 +183,31 @@ def assert_close_weights(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+def snapshot(trainer: Trainer) -> dict[str, Any]:
+    """A deep copy of the trainer's model and optimizer state dicts."""
+    return copy.deepcopy(
+        {"model": trainer.get_model().state_dict(), "optimizer": trainer.optimizer.state_dict()}
+    )
+
+
+def assert_equal_nested(a: Any, b: Any, where: str = "value") -> None:
+    """``a`` and ``b`` are equal all the way down: same types, same keys in the same order,
+    tensors of the same dtype and values; ``where`` names the place of a difference."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            assert_equal_nested(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal_nested(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, where
 
 
 class RecordUpdates(TrainerCallback):

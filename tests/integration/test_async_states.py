@@ -27,26 +27,10 @@ from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import CosineLrScheduler
-from tests.helpers import make_regression_data, subprocess_env
+from tests.helpers import assert_equal_nested, make_regression_data, subprocess_env
 from tests.launch import WORKERS_DIR
 
 WORKER = WORKERS_DIR / "async_states.py"
-
-
-def assert_equal_nested(a: Any, b: Any, where: str) -> None:
-    assert type(a) is type(b), where
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for key in a:
-            assert_equal_nested(a[key], b[key], f"{where}[{key!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_equal_nested(x, y, f"{where}[{index}]")
-    else:
-        assert a == b, where
 
 
 class SaveBothWays(TrainerCallback):

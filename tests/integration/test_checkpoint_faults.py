@@ -1,4 +1,5 @@
-"""Checkpoint faults: bad files get clear errors, failed saves clean up, loads are all or nothing.
+"""Checkpoint and training-state faults: failed saves clean up, loads are all or nothing, a damaged
+newest state is skipped. (Bad checkpoint files given to load: tests/unit/test_checkpoints.py.)
 
 Faults are real: files truncated, emptied or replaced on disk; saves that fail under a
 file-size limit (``RLIMIT_FSIZE``), with a real SIGINT, or under a parent that is a file (we
@@ -9,19 +10,15 @@ test runner. The same worker runs on 2 processes in tests/distributed/test_save_
 from __future__ import annotations
 
 import copy
-import io
+import functools
 import json
-import os
-import pickle
 import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -29,15 +26,20 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
-from tests.helpers import make_linear_model, make_regression_data, subprocess_env
+from tests.helpers import (
+    assert_equal_nested,
+    make_linear_model,
+    make_regression_data,
+    snapshot,
+    subprocess_env,
+)
+from tests.helpers import make_trainer as make_any_trainer
 from tests.launch import WORKERS_DIR
 
 SAVE_FAULTS_WORKER = WORKERS_DIR / "save_faults.py"
 
 
-def make_trainer(seed: int = 0) -> Trainer:
-    model = make_linear_model(seed=seed)
-    return Trainer(model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=0.1), callbacks=())
+make_trainer = functools.partial(make_any_trainer, optimizer_class=torch.optim.Adam, lr=0.1)
 
 
 def train(trainer: Trainer, **kwargs: Any) -> Trainer:
@@ -45,140 +47,6 @@ def train(trainer: Trainer, **kwargs: Any) -> Trainer:
         make_regression_data(8), num_epochs=kwargs.pop("num_epochs", 1), per_device_batch_size=4, **kwargs
     )
     return trainer
-
-
-def snapshot(trainer: Trainer) -> dict[str, Any]:
-    return copy.deepcopy(
-        {"model": trainer.get_model().state_dict(), "optimizer": trainer.optimizer.state_dict()}
-    )
-
-
-def assert_equal_nested(a: Any, b: Any) -> None:
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_equal_nested(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_equal_nested(x, y)
-    else:
-        assert a == b
-
-
-# ---------------------------------------------------------------------------- bad files
-
-
-def torch_bytes() -> bytes:
-    buffer = io.BytesIO()
-    torch.save({"weight": torch.randn(64, 64), "step": 3}, buffer)
-    return buffer.getvalue()
-
-
-def npy_bytes() -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.arange(5))
-    return buffer.getvalue()
-
-
-def zip_bytes() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("notes.txt", "not a checkpoint")
-    return buffer.getvalue()
-
-
-BAD_FILES = [
-    pytest.param(lambda: b"", "is empty (0 bytes)", id="empty"),
-    pytest.param(
-        lambda: torch_bytes()[: len(torch_bytes()) // 2],
-        "is truncated or corrupt (not a complete torch checkpoint)",
-        id="truncated-half",
-    ),
-    pytest.param(
-        lambda: torch_bytes()[:-30],
-        "is truncated or corrupt (not a complete torch checkpoint)",
-        id="truncated-end",
-    ),
-    pytest.param(
-        lambda: torch_bytes()[:10],
-        "is truncated or corrupt (not a complete torch checkpoint)",
-        id="truncated-head",
-    ),
-    pytest.param(
-        lambda: bytes(np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8)),
-        "is not a file written by torch.save",
-        id="random-bytes",
-    ),
-    pytest.param(
-        lambda: b"step,loss\n1,0.5\n", "is not a file written by torch.save (it is a text file)", id="text"
-    ),
-    pytest.param(
-        lambda: json.dumps({"epoch": 3}).encode(),
-        "is not a file written by torch.save (it is a JSON file)",
-        id="json",
-    ),
-    pytest.param(npy_bytes, "is not a file written by torch.save (it is a numpy .npy file", id="npy"),
-    pytest.param(
-        zip_bytes, "is a zip archive, not a file written by torch.save (it holds no data.pkl)", id="zip"
-    ),
-    pytest.param(
-        lambda: pickle.dumps({"epoch": 3}),
-        "is not a file written by torch.save (it is a plain pickle file",
-        id="plain-pickle",
-    ),
-]
-
-
-@pytest.mark.parametrize("make_bytes, problem", BAD_FILES)
-def test_bad_file_error_names_the_file_and_the_problem_and_never_suggests_weights_only_false(
-    tmp_path: Path, make_bytes: Any, problem: str
-) -> None:
-    path = tmp_path / "bad.pt"
-    path.write_bytes(make_bytes())
-    with pytest.raises(CheckpointFileError) as error:
-        safe_torch_load(path)
-    message = str(error.value)
-    assert message.startswith(f"{path} ")
-    assert problem in message
-    assert "weights_only=False" not in message
-
-
-def test_loading_a_directory_says_it_is_a_directory_and_how_to_load_a_state(tmp_path: Path) -> None:
-    with pytest.raises(IsADirectoryError) as error:
-        safe_torch_load(tmp_path)
-    assert str(error.value).startswith(f"{tmp_path} is a directory, not a checkpoint file")
-    assert "load_training_state" in str(error.value) and "weights_only=False" not in str(error.value)
-
-
-def test_bad_file_given_to_load_checkpoint_leaves_the_model_unchanged(tmp_path: Path) -> None:
-    (tmp_path / "bad.pt").write_bytes(torch_bytes()[:-30])
-    trainer = train(make_trainer())
-    before = snapshot(trainer)
-    with pytest.raises(CheckpointFileError, match="bad.pt is truncated or corrupt"):
-        trainer.load_checkpoint(tmp_path / "bad.pt")
-    assert_equal_nested(snapshot(trainer), before)
-
-
-class RunsCode:
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.getcwd, ())
-
-
-@pytest.mark.parametrize("legacy", [False, True], ids=["zip-format", "legacy-format"])
-def test_complete_file_with_unsafe_objects_is_refused_explaining_the_danger_of_weights_only_false(
-    tmp_path: Path, legacy: bool
-) -> None:
-    path = tmp_path / "unsafe.pt"
-    torch.save({"payload": RunsCode()}, path, _use_new_zipfile_serialization=not legacy)
-    with pytest.raises(pickle.UnpicklingError) as error:
-        safe_torch_load(path)
-    message = str(error.value)
-    assert str(path) in message and "posix.getcwd" in message
-    assert "weights_only=False" in message
-    assert "can run arbitrary code" in message and "only if you created it yourself" in message
 
 
 # ---------------------------------------------------------------------------- failed saves
