@@ -6,6 +6,7 @@ the worked numbers of docs/callbacks-builtin.md."""
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
 import operator as op
 from pathlib import Path
@@ -13,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
@@ -32,16 +32,13 @@ from pytorch_accelerated.checkpoints.discovery import list_complete_states, reso
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.utils import ModelEma
-from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_regression_data
+from tests.helpers import make_trainer as make_any_trainer
 
 EVAL_DATA = make_regression_data(8, seed=5)
 
 
-def make_trainer(callbacks: tuple = (), trainer_class: type[Trainer] = Trainer, seed: int = 0) -> Trainer:
-    model = make_linear_model(seed=seed)
-    return trainer_class(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks
-    )
+make_trainer = functools.partial(make_any_trainer, lr=0.05)
 
 
 # ---------------------------------------------------------------- custom events and the handler

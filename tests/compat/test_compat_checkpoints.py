@@ -9,6 +9,7 @@ Each item is exercised in pytorch-accelerated 0.1.61's form: its return shapes, 
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from pathlib import Path
@@ -23,16 +24,12 @@ from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.schedulers.cosine_scheduler import CosineLrScheduler
 from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_trainer as make_any_trainer
 
 DATA = make_regression_data(16)  # 4 batches of 4: 4 updates per epoch
 
 
-def make_trainer(
-    model: nn.Module | None = None, optimizer: bool = True, callbacks: tuple[Any, ...] = ()
-) -> Trainer:
-    model = make_linear_model(seed=1) if model is None else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer else None
-    return Trainer(model, nn.MSELoss(), opt, callbacks=callbacks)
+make_trainer = functools.partial(make_any_trainer, seed=1, lr=0.1, momentum=0.9)
 
 
 def cosine(optimizer: torch.optim.Optimizer) -> CosineLrScheduler:
@@ -40,7 +37,7 @@ def cosine(optimizer: torch.optim.Optimizer) -> CosineLrScheduler:
 
 
 def trained(num_epochs: int = 1, scheduler: bool = True) -> Trainer:
-    trainer = make_trainer(make_linear_model(seed=0))
+    trainer = make_trainer(model=make_linear_model(seed=0))
     trainer.train(
         DATA,
         num_epochs=num_epochs,
@@ -87,7 +84,7 @@ def test_load_checkpoint_skips_an_absent_optimizer_state(tmp_path: Path) -> None
 def test_evaluation_only_trainer_loads_a_full_checkpoint_and_evaluates(tmp_path: Path) -> None:
     source = trained()
     source.save_checkpoint(tmp_path / "c.pt")
-    evaluator = make_trainer(optimizer=False)  # optimizer=None: the original crashed here
+    evaluator = make_trainer(optimizer=None)  # the original crashed here
     evaluator.load_checkpoint(tmp_path / "c.pt")
     assert same_weights(evaluator.get_model(), source.get_model())
     assert evaluator.scheduler is None  # the file's scheduler state is skipped (changed from 0.1.61)
@@ -122,7 +119,7 @@ class SaveAtUpdate(TrainerCallback):
 
 
 def test_load_training_state_returns_the_1_based_epoch_it_was_saved_in(tmp_path: Path) -> None:
-    trainer = make_trainer(make_linear_model(seed=0), callbacks=(SaveAtUpdate(tmp_path / "mid", 6),))
+    trainer = make_trainer(model=make_linear_model(seed=0), callbacks=(SaveAtUpdate(tmp_path / "mid", 6),))
     trainer.train(DATA, num_epochs=2, per_device_batch_size=4)
     trainer.save_training_state(tmp_path / "end")
     assert make_trainer().load_training_state(tmp_path / "mid") == {"current_epoch": 2, "global_step": 6}
@@ -143,7 +140,7 @@ class OverridingTrainer(Trainer):
 
 
 def test_train_resume_from_calls_the_overridden_method_and_keeps_the_exact_position(tmp_path: Path) -> None:
-    first = make_trainer(make_linear_model(seed=0), callbacks=(SaveAtUpdate(tmp_path / "mid", 6),))
+    first = make_trainer(model=make_linear_model(seed=0), callbacks=(SaveAtUpdate(tmp_path / "mid", 6),))
     first.train(DATA, num_epochs=3, per_device_batch_size=4, create_scheduler_fn=cosine)
     model = make_linear_model(seed=1)
     resumed = OverridingTrainer(
@@ -161,7 +158,7 @@ def test_train_resume_from_calls_the_overridden_method_and_keeps_the_exact_posit
 
 
 def compiled_trainer(seed: int) -> Trainer:
-    return make_trainer(torch.compile(make_linear_model(seed=seed), backend="eager"))
+    return make_trainer(model=torch.compile(make_linear_model(seed=seed), backend="eager"))
 
 
 def test_checkpoint_of_a_compiled_model_loads_into_the_plain_model_and_back(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ inductor. tests/compat/test_compat_checkpoints.py covers the 0.1.61 checkpoint f
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.utils import compile_regions
 from tests.helpers import make_regression_data, subprocess_env
+from tests.helpers import make_trainer as make_any_trainer
 
 DATA = make_regression_data(16)  # 4 batches of 4: every batch has one shape
 
@@ -79,10 +81,7 @@ class CountAtEpochEnds(TrainerCallback):
         self.counts.append(len(self.backend.graphs))
 
 
-def make_trainer(model: nn.Module, callbacks: tuple[Any, ...] = ()) -> Trainer:
-    return Trainer(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), callbacks=callbacks
-    )
+make_trainer = functools.partial(make_any_trainer, momentum=0.9)
 
 
 def plain_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -97,7 +96,7 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 def train_three_epochs(model: nn.Module, backend: CountingBackend | None = None) -> tuple[Trainer, list[int]]:
     counter = CountAtEpochEnds(backend or CountingBackend())
-    trainer = make_trainer(model, (counter,))
+    trainer = make_trainer((counter,), model=model)
     trainer.train(DATA, num_epochs=3, eval_dataset=DATA, per_device_batch_size=4)
     return trainer, counter.counts
 
@@ -152,17 +151,17 @@ def test_compile_regions_refuses_a_model_that_is_already_compiled() -> None:
 def test_checkpoints_move_between_compiled_and_plain_models_both_ways(
     compile_model: Any, tmp_path: Path
 ) -> None:
-    compiled = make_trainer(compile_model(Blocks(), backend=CountingBackend()))
+    compiled = make_trainer(model=compile_model(Blocks(), backend=CountingBackend()))
     compiled.train(DATA, num_epochs=1, per_device_batch_size=4)
     compiled.save_checkpoint(tmp_path / "compiled.pt")
     assert list(torch.load(tmp_path / "compiled.pt", weights_only=True)["model_state_dict"]) == list(
         Blocks().state_dict()
     )
-    plain = make_trainer(Blocks(seed=1))
+    plain = make_trainer(model=Blocks(seed=1))
     plain.load_checkpoint(tmp_path / "compiled.pt")
     assert_same_weights(plain_weights(plain), plain_weights(compiled))
     plain.save_checkpoint(tmp_path / "plain.pt")
-    back = make_trainer(compile_model(Blocks(seed=2), backend=CountingBackend()))
+    back = make_trainer(model=compile_model(Blocks(seed=2), backend=CountingBackend()))
     back.load_checkpoint(tmp_path / "plain.pt")
     assert_same_weights(plain_weights(back), plain_weights(compiled))
     assert back.optimizer.state_dict()["state"].keys() == compiled.optimizer.state_dict()["state"].keys()
@@ -171,15 +170,15 @@ def test_checkpoints_move_between_compiled_and_plain_models_both_ways(
 def test_a_run_resumes_from_compiled_to_plain_and_back_to_the_uninterrupted_weights(
     plain_run: Trainer, tmp_path: Path
 ) -> None:
-    compiled = make_trainer(compile_regions(Blocks(), backend=CountingBackend()))
+    compiled = make_trainer(model=compile_regions(Blocks(), backend=CountingBackend()))
     compiled.train(DATA, num_epochs=1, eval_dataset=DATA, per_device_batch_size=4)
     compiled.save_training_state(tmp_path / "epoch1")
-    plain = make_trainer(Blocks(seed=1))
+    plain = make_trainer(model=Blocks(seed=1))
     plain.train(
         DATA, num_epochs=2, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch1"
     )
     plain.save_training_state(tmp_path / "epoch2")
-    back = make_trainer(torch.compile(Blocks(seed=2), backend=CountingBackend()))
+    back = make_trainer(model=torch.compile(Blocks(seed=2), backend=CountingBackend()))
     back.train(
         DATA, num_epochs=3, eval_dataset=DATA, per_device_batch_size=4, resume_from=tmp_path / "epoch2"
     )
@@ -193,13 +192,15 @@ def test_inductor_compiles_the_model_for_real_once_per_mode() -> None:
         return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
 
     before = counters["stats"]["unique_graphs"]
-    trainer = make_trainer(torch.compile(small_model()))  # the default backend, inductor: C++ built with gcc
+    trainer = make_trainer(
+        model=torch.compile(small_model())
+    )  # the default backend, inductor: C++ built with gcc
     trainer.train(DATA, num_epochs=1, eval_dataset=DATA, per_device_batch_size=4)
     trained = {name: value.clone() for name, value in plain_weights(trainer).items()}
     after_one_epoch = counters["stats"]["unique_graphs"]
     trainer.train(DATA, num_epochs=1, eval_dataset=DATA, per_device_batch_size=4)
     assert after_one_epoch - before == 2 and counters["stats"]["unique_graphs"] == after_one_epoch
-    reference = make_trainer(small_model())
+    reference = make_trainer(model=small_model())
     reference.train(DATA, num_epochs=1, eval_dataset=DATA, per_device_batch_size=4)
     for name, value in plain_weights(reference).items():  # inductor fuses kernels: close, not bitwise
         torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5, msg=name)

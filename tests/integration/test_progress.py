@@ -173,6 +173,7 @@ def test_terminal_shows_bars_with_true_final_states_and_prints_above_them(tmp_pa
     assert screen.count("accuracy: 0.198") == 2 and "FINISHED rank 0" in screen
 
 
+@pytest.mark.distributed  # 2 processes: not in the quick tier
 def test_two_processes_print_one_set_of_progress_lines_with_true_final_states(tmp_path: Path) -> None:
     command = [*launcher(2), WORKER, "--samples", "88"]
     done = subprocess.run(command, env=worker_env(tmp_path), capture_output=True, text=True, timeout=120)

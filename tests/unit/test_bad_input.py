@@ -11,24 +11,12 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import PrintProgressCallback, SaveTrainingStateCallback, TrainerCallback
-from tests.helpers import make_linear_model, make_regression_data
-
-
-def make_trainer(**overrides: Any) -> Trainer:
-    model = make_linear_model()
-    kwargs: dict[str, Any] = {
-        "model": model,
-        "loss_func": nn.MSELoss(),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
-        "callbacks": (),
-    }
-    kwargs.update(overrides)
-    return Trainer(**kwargs)
+from tests.helpers import make_linear_model, make_regression_data, make_trainer
 
 
 def test_model_that_is_not_a_module_is_rejected_with_the_type_seen() -> None:
     with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got function"):
-        make_trainer(model=lambda x: x)
+        make_trainer(model=lambda x: x, optimizer=torch.optim.SGD(make_linear_model().parameters(), lr=0.01))
 
 
 def test_optimizer_of_the_wrong_type_is_rejected_with_an_example() -> None:

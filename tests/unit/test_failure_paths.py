@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
@@ -25,9 +23,9 @@ from pytorch_accelerated.callbacks.limits import LimitedLoader
 from tests.helpers import (
     AskForStepMetrics,
     EventRecorder,
-    make_linear_model,
     make_regression_data,
 )
+from tests.helpers import make_trainer as make_any_trainer
 
 EVALUATE_EVENTS = (
     "on_evaluation_run_start",
@@ -85,11 +83,8 @@ class RecordException(TrainerCallback):
 
 
 def make_trainer(callbacks: tuple, trainer_class: type[Trainer] = Trainer) -> Trainer:
-    model = make_linear_model()
-    callbacks = (AskForStepMetrics(every_n_steps=1), *callbacks)  # so that on_step_metrics fires too
-    return trainer_class(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=callbacks
-    )
+    # AskForStepMetrics: so that on_step_metrics fires too
+    return make_any_trainer((AskForStepMetrics(every_n_steps=1), *callbacks), trainer_class=trainer_class)
 
 
 def train(trainer: Trainer) -> None:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from pytorch_accelerated import Trainer, TrainerPlaceholderValues
 from pytorch_accelerated.callbacks import get_default_callbacks
 from pytorch_accelerated.data import ShardedEvalBatchSampler, ShardedStreamLoader
+from tests.helpers import make_trainer as make_any_trainer
 
 
 class Stream(IterableDataset):
@@ -39,19 +40,11 @@ class SizedStream(Stream):
         return len(self.x)
 
 
-def make_trainer(progress_bar: bool = True) -> Trainer:
-    torch.manual_seed(0)
-    model = nn.Linear(3, 1)
-    return Trainer(
-        model,
-        nn.MSELoss(),
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        callbacks=get_default_callbacks(progress_bar=progress_bar),
-    )
+make_trainer = functools.partial(make_any_trainer, lr=0.1)
 
 
 def test_a_stream_trains_for_max_num_train_steps_with_the_progress_bar() -> None:
-    trainer = make_trainer()
+    trainer = make_trainer(get_default_callbacks(progress_bar=True))
     # 33 samples in batches of 4: 9 batches per pass, 5 updates (the last window is 1 batch).
     trainer.train(
         Stream(33),
@@ -66,7 +59,7 @@ def test_a_stream_trains_for_max_num_train_steps_with_the_progress_bar() -> None
 
 
 def test_a_stream_trains_one_pass_per_epoch_and_evaluates_with_the_bar() -> None:
-    trainer = make_trainer()
+    trainer = make_trainer(get_default_callbacks(progress_bar=True))
     trainer.train(
         Stream(33),
         num_epochs=2,
@@ -79,14 +72,14 @@ def test_a_stream_trains_one_pass_per_epoch_and_evaluates_with_the_bar() -> None
 
 
 def test_a_stream_with_a_length_knows_its_steps() -> None:
-    trainer = make_trainer(progress_bar=False)
+    trainer = make_trainer(get_default_callbacks(progress_bar=False))
     trainer.train(SizedStream(33), num_epochs=1, per_device_batch_size=4, gradient_accumulation_steps=2)
     assert trainer.run_config.num_update_steps_per_epoch == trainer.progress.global_step == 5
 
 
 @pytest.mark.parametrize("placeholder", ["NUM_UPDATE_STEPS_PER_EPOCH", "TRAIN_DATALOADER_LEN"])
 def test_a_scheduler_that_needs_the_steps_of_a_stream_says_they_are_unknown(placeholder: str) -> None:
-    trainer = make_trainer(progress_bar=False)
+    trainer = make_trainer(get_default_callbacks(progress_bar=False))
     scheduler = functools.partial(
         torch.optim.lr_scheduler.OneCycleLR,
         max_lr=0.1,
@@ -100,7 +93,7 @@ def test_a_scheduler_that_needs_the_steps_of_a_stream_says_they_are_unknown(plac
 
 
 def test_a_stream_that_yields_nothing_is_an_error_not_a_silent_nan() -> None:
-    trainer = make_trainer(progress_bar=False)
+    trainer = make_trainer(get_default_callbacks(progress_bar=False))
     # accelerate's dispatching loader finds it first; a loader of our own, the Trainer's check.
     with pytest.raises(ValueError, match=r"gave no batch in this epoch|Batch does not contain any data"):
         trainer.train(Stream(0), num_epochs=1, per_device_batch_size=4)

@@ -7,6 +7,7 @@ by NaN, so that update and every later one write NaN into the weights.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -31,6 +32,7 @@ from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.finite import NonFiniteStateError, non_finite_flag, state_is_finite
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_trainer as make_any_trainer
 
 STEPS_PER_EPOCH = 12  # 24 samples, 2 per batch
 CHECK_EVERY = 10  # TerminateOnNaNCallback's default
@@ -67,15 +69,7 @@ class RecordEpochNumber(TrainerCallback):
         trainer.run_history.update_metric("epoch_number", trainer.progress.epoch + 1)
 
 
-def make_trainer(callbacks: tuple[Any, ...], nan_from: int | None) -> NaNFromUpdate:
-    model = make_linear_model()
-    return NaNFromUpdate(
-        model,
-        nn.MSELoss(),
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        callbacks=callbacks,
-        nan_from=nan_from,
-    )
+make_trainer = functools.partial(make_any_trainer, trainer_class=NaNFromUpdate)
 
 
 def kept_states(save_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
@@ -100,7 +94,7 @@ def test_a_nan_at_any_step_never_reaches_a_kept_training_state(
 ) -> None:
     save_dir = tmp_path / "states"
     saver, end = SaveTrainingStateCallback(save_dir, save_every_n_steps=2, max_checkpoints=2), RecordRunEnd()
-    trainer = make_trainer((*get_default_callbacks(progress_bar=False), saver, end), nan_from)
+    trainer = make_trainer((*get_default_callbacks(progress_bar=False), saver, end), nan_from=nan_from)
     trainer.train(
         make_regression_data(2 * STEPS_PER_EPOCH), num_epochs=2, per_device_batch_size=2
     )  # returns normally

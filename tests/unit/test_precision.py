@@ -70,6 +70,7 @@ def precision_trainer(mixed_precision: str, model: nn.Module, lr: float = 0.05) 
     trainer_cls = type(
         f"{mixed_precision.upper()}Trainer", (PrecisionTrainer,), {"mixed_precision": mixed_precision}
     )
+    # Built here, not by tests.helpers.make_trainer: the fp16 warning must point at this file.
     return trainer_cls(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=lr), callbacks=())
 
 

@@ -5,6 +5,7 @@ run's own, ``accelerator`` is read-only, and built-in callbacks write through th
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -28,17 +29,14 @@ from pytorch_accelerated.run_config import RunState
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.tracking import InMemoryRunHistory, RunHistory
 from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_trainer as make_any_trainer
 
 SAMPLES, BATCH = 16, 4  # 4 optimizer updates per epoch
 TRAIN = make_regression_data(SAMPLES)
 EVAL = make_regression_data(8, seed=1)
 
 
-def make_trainer(*callbacks: Any, trainer_class: type[Trainer] = Trainer, **kwargs: Any) -> Trainer:
-    model = make_linear_model()
-    return trainer_class(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks, **kwargs
-    )
+make_trainer = functools.partial(make_any_trainer, lr=0.05)
 
 
 def train(trainer: Trainer, num_epochs: int, **kwargs: Any) -> Trainer:
@@ -76,7 +74,7 @@ def history_of(trainer: Trainer) -> dict[str, list[Any]]:
 
 def test_history_epoch_is_progress_epoch_plus_one_at_each_epoch_start_and_4_after_3_epochs() -> None:
     recorder = RecordEpochs()
-    trainer = train(make_trainer(recorder), num_epochs=3)
+    trainer = train(make_trainer((recorder,)), num_epochs=3)
     assert recorder.seen["on_train_epoch_start"] == [(1, 0), (2, 1), (3, 2)]
     assert trainer.run_history.current_epoch == 4
     assert trainer.progress.epoch == 3
@@ -84,7 +82,7 @@ def test_history_epoch_is_progress_epoch_plus_one_at_each_epoch_start_and_4_afte
 
 def test_kept_history_continues_its_epoch_while_progress_restarts_at_0() -> None:
     recorder = RecordEpochs()
-    trainer = train(make_trainer(recorder), num_epochs=3)
+    trainer = train(make_trainer((recorder,)), num_epochs=3)
     recorder.seen.clear()
     train(trainer, num_epochs=3, reset_run_history=False)
     assert recorder.seen["on_train_epoch_start"] == [(4, 0), (5, 1), (6, 2)]
@@ -96,7 +94,7 @@ def test_kept_history_continues_its_epoch_while_progress_restarts_at_0() -> None
 
 def test_a_new_train_with_the_default_reset_starts_the_history_again_at_epoch_1() -> None:
     recorder = RecordEpochs()
-    trainer = train(make_trainer(recorder), num_epochs=3)
+    trainer = train(make_trainer((recorder,)), num_epochs=3)
     recorder.seen.clear()
     train(trainer, num_epochs=2)
     assert recorder.seen["on_train_epoch_start"] == [(1, 0), (2, 1)]
@@ -114,7 +112,7 @@ class RecordFlatMetric(TrainerCallback):
 def test_after_an_early_stop_at_an_epoch_end_the_history_epoch_moves_on_as_after_a_normal_end() -> None:
     stopper = EarlyStoppingCallback(early_stopping_patience=1, watch_metric="flat_metric")
     recorder = RecordEpochs()
-    trainer = train(make_trainer(RecordFlatMetric(), stopper, recorder), num_epochs=4)
+    trainer = train(make_trainer((RecordFlatMetric(), stopper, recorder)), num_epochs=4)
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2  # stopped after epoch 2
     trainer.callback_handler.remove_callback(stopper)
     recorder.seen.clear()
@@ -126,7 +124,7 @@ def test_after_an_early_stop_at_an_epoch_end_the_history_epoch_moves_on_as_after
 
 def test_after_an_early_stop_at_an_epoch_end_progress_and_run_state_are_those_of_a_finished_epoch() -> None:
     stopper = EarlyStoppingCallback(early_stopping_patience=1, watch_metric="flat_metric")
-    trainer = train(make_trainer(RecordFlatMetric(), stopper), num_epochs=4)
+    trainer = train(make_trainer((RecordFlatMetric(), stopper)), num_epochs=4)
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
     assert (trainer.run_history.current_epoch, trainer.progress.epoch) == (3, 2)
     assert trainer.run_state.epoch_finished is False
@@ -180,7 +178,7 @@ def test_a_history_with_only_the_abstract_methods_follows_the_run_through_the_de
 ):
     history = ForwardOnlyHistory()
     recorder = RecordEpochs()
-    trainer = train(make_trainer(recorder, run_history=history), num_epochs=2)
+    trainer = train(make_trainer((recorder,), run_history=history), num_epochs=2)
     assert trainer.run_history is history
     assert recorder.seen["on_train_epoch_start"] == [(1, 0), (2, 1)]
     assert history.current_epoch == 3
@@ -227,11 +225,11 @@ def test_a_run_resumed_after_epoch_2_keeps_history_and_progress_in_step_and_ends
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "after-epoch-2"
-    uninterrupted = train(make_trainer(SaveStateAfterEpoch(state, epoch=2)), num_epochs=3)
+    uninterrupted = train(make_trainer((SaveStateAfterEpoch(state, epoch=2),)), num_epochs=3)
     assert state.is_dir()
 
     recorder = RecordEpochs()
-    resumed = train(make_trainer(recorder), num_epochs=3, resume_from=state)
+    resumed = train(make_trainer((recorder,)), num_epochs=3, resume_from=state)
 
     assert recorder.seen["on_training_run_start"] == [(3, 2)]
     assert recorder.seen["on_train_epoch_start"] == [(3, 2)]
@@ -245,10 +243,12 @@ def test_a_run_resumed_after_epoch_2_keeps_history_and_progress_in_step_and_ends
 def test_a_history_with_only_the_abstract_methods_resumes_to_the_full_history(tmp_path: Path) -> None:
     state = tmp_path / "after-epoch-1"
     uninterrupted = train(
-        make_trainer(SaveStateAfterEpoch(state, epoch=1), run_history=ForwardOnlyHistory()), 3
+        make_trainer((SaveStateAfterEpoch(state, epoch=1),), run_history=ForwardOnlyHistory()), 3
     )
     recorder = RecordEpochs()
-    resumed = train(make_trainer(recorder, run_history=ForwardOnlyHistory()), num_epochs=3, resume_from=state)
+    resumed = train(
+        make_trainer((recorder,), run_history=ForwardOnlyHistory()), num_epochs=3, resume_from=state
+    )
     assert recorder.seen["on_train_epoch_start"] == [(2, 1), (3, 2)]
     assert resumed.run_history.current_epoch == uninterrupted.run_history.current_epoch == 3 + 1
     assert history_of(resumed) == history_of(uninterrupted)
@@ -289,7 +289,7 @@ class RecordRunState(TrainerCallback):
 
 def test_each_train_gets_a_fresh_run_state() -> None:
     recorder = RecordRunState()
-    trainer = make_trainer(recorder)
+    trainer = make_trainer((recorder,))
     before = trainer.run_state
     assert isinstance(before, RunState)
     train(trainer, num_epochs=1)
@@ -307,9 +307,9 @@ def test_each_train_gets_a_fresh_run_state() -> None:
 
 def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    train(make_trainer(SaveStateAfterEpoch(state, epoch=1)), num_epochs=2)
+    train(make_trainer((SaveStateAfterEpoch(state, epoch=1),)), num_epochs=2)
     recorder = RecordRunState()
-    resumed = train(make_trainer(recorder), num_epochs=2, resume_from=state)
+    resumed = train(make_trainer((recorder,)), num_epochs=2, resume_from=state)
     pending_at_epoch_start = [
         pending for event, _, pending in recorder.seen if event == "on_train_epoch_start"
     ]
@@ -383,7 +383,7 @@ def test_built_in_callbacks_write_weights_only_through_the_public_save_checkpoin
     best = SaveBestModelCallback(tmp_path / "best.pt")
     wsd = WSDCheckpointCallback(save_dir=tmp_path / "wsd")
     states = SaveTrainingStateCallback(tmp_path / "states", save_every_n_epochs=1, handle_signals=())
-    trainer = make_trainer(ema, best, wsd, states, trainer_class=RecordingSaves)
+    trainer = make_trainer((ema, best, wsd, states), trainer_class=RecordingSaves)
     assert isinstance(trainer, RecordingSaves)
     scheduler_fn = WSDLrScheduler.create_scheduler_fn(num_checkpoints=1)
     train(trainer, num_epochs=3, create_scheduler_fn=scheduler_fn)

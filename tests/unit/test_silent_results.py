@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -11,16 +12,11 @@ import torch
 from torch import nn
 from torch.utils.data import SequentialSampler
 
-from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from tests.helpers import EventRecorder, make_linear_model, make_regression_data
+from tests.helpers import make_trainer as make_any_trainer
 
-
-def make_trainer(model: nn.Module | None = None, **overrides: Any) -> Trainer:
-    model = model if model is not None else make_linear_model()
-    kwargs: dict[str, Any] = {"optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "callbacks": ()}
-    kwargs.update(overrides)
-    return Trainer(model, nn.MSELoss(), **kwargs)
+make_trainer = functools.partial(make_any_trainer, lr=0.1)
 
 
 # ---------------------------------------------------------------------------- the optimizer
@@ -28,7 +24,7 @@ def make_trainer(model: nn.Module | None = None, **overrides: Any) -> Trainer:
 
 def test_optimizer_built_over_another_model_is_an_error_at_train_before_any_preparation() -> None:
     model, other = make_linear_model(), make_linear_model(seed=1)
-    trainer = make_trainer(model, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+    trainer = make_trainer(model=model, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
     weights = model.weight.detach().clone()
     with pytest.raises(
         ValueError,
@@ -44,7 +40,7 @@ def test_optimizer_over_only_part_of_the_model_is_allowed_and_trains_that_part()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
     body, head = model[0].weight.detach().clone(), model[1].weight.detach().clone()
-    trainer = make_trainer(model, optimizer=torch.optim.SGD(model[1].parameters(), lr=0.1))
+    trainer = make_trainer(model=model, optimizer=torch.optim.SGD(model[1].parameters(), lr=0.1))
     trainer.train(make_regression_data(16), num_epochs=1, per_device_batch_size=4)
     assert torch.equal(model[0].weight, body)
     assert not torch.equal(model[1].weight, head)

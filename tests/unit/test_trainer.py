@@ -12,7 +12,7 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.data import ReproducibleShuffleSampler
-from tests.helpers import IndexedDataset, make_linear_model, make_regression_data
+from tests.helpers import IndexedDataset, make_linear_model, make_regression_data, make_trainer
 
 
 def shuffled_batches(num_samples: int, batch_size: int, epoch: int, seed: int = 42) -> list[list[int]]:
@@ -58,10 +58,7 @@ def oracle_train(
 def run_trainer(
     data: Any, num_epochs: int, batch_size: int, accumulation: int, lr: float, **kwargs: Any
 ) -> Trainer:
-    model = make_linear_model()
-    trainer = Trainer(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), callbacks=()
-    )
+    trainer = make_trainer(lr=lr, momentum=0.9)
     trainer.train(
         data,
         num_epochs=num_epochs,

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 import pytorch_accelerated
-from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
     EarlyStoppingCallback,
     LimitBatchesCallback,
@@ -35,17 +34,12 @@ from pytorch_accelerated.callbacks import (
 from pytorch_accelerated.callbacks.limits import limit_batches_callback_from_env
 from pytorch_accelerated.schedulers import CosineLrScheduler, WSDLrScheduler
 from pytorch_accelerated.utils import DataLoaderSlice, LimitBatches
-from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_regression_data, make_trainer
 
 PACKAGE = Path(pytorch_accelerated.__file__).resolve().parent
 ENV = "PT_ACC_LIMIT_BATCHES"
 ENV_NAME = f"The environment variable {ENV} (batches per epoch)"
 DATA = make_regression_data(16)
-
-
-def new_trainer() -> Trainer:
-    model = make_linear_model()
-    return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=())
 
 
 def optimizer() -> torch.optim.Optimizer:
@@ -55,17 +49,17 @@ def optimizer() -> torch.optim.Optimizer:
 def train_with(argument: str) -> Callable[[Any], Any]:
     def call(value: Any) -> None:
         settings: dict[str, Any] = {"num_epochs": 1, "per_device_batch_size": 4, argument: value}
-        new_trainer().train(DATA, **settings)
+        make_trainer().train(DATA, **settings)
 
     return call
 
 
 def evaluate_with_batch_size(value: Any) -> None:
-    new_trainer().evaluate(DATA, per_device_batch_size=value)
+    make_trainer().evaluate(DATA, per_device_batch_size=value)
 
 
 def evaluate_with_seed(value: Any) -> None:
-    new_trainer().evaluate(DATA, seed=value)
+    make_trainer().evaluate(DATA, seed=value)
 
 
 def with_env_limit(make: Callable[[], Any]) -> Callable[[Any], Any]:
@@ -200,7 +194,7 @@ PLACES = [
         "dataloader_kwargs['batch_size']",
         1,
         True,
-        lambda value: new_trainer().evaluate(DATA, dataloader_kwargs={"batch_size": value}),
+        lambda value: make_trainer().evaluate(DATA, dataloader_kwargs={"batch_size": value}),
         2,
         (0, "2"),
     ),
@@ -223,7 +217,7 @@ PLACES = [
         ENV_NAME,
         1,
         False,
-        with_env_limit(new_trainer),
+        with_env_limit(make_trainer),
         "2",
         ("0", "1.5"),
         none_reaches_check=False,
@@ -260,7 +254,7 @@ PLACES = [
         "per_device_batch_size",
         1,
         False,
-        lambda value: new_trainer().predict(DATA, per_device_batch_size=value),
+        lambda value: make_trainer().predict(DATA, per_device_batch_size=value),
         4,
         (0, "3"),
     ),
