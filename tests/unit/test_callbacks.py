@@ -97,42 +97,6 @@ def test_handler_registered_events_allow_matching_hooks() -> None:
         handler.register_event("batch skipped")
 
 
-class LossTrainer(Trainer):
-    def __init__(self, *args: Any, nan_at_step: int, **kwargs: Any) -> None:
-        self.nan_at_step = nan_at_step
-        super().__init__(*args, **kwargs)
-
-    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
-        output = super().calculate_train_batch_loss(batch)
-        if self.progress.global_step == self.nan_at_step:
-            output["loss"] = output["loss"] * float("nan")
-        return output
-
-
-@pytest.mark.parametrize(("check_every", "expected_stop_step"), [(1, 4), (4, 4), (3, 6)])
-def test_terminate_on_nan_stops_cleanly_at_the_next_check(check_every: int, expected_stop_step: int) -> None:
-    events: list[str] = []
-
-    class Ends(TrainerCallback):
-        def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
-            events.append("stop")
-
-        def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
-            events.append("end")
-
-    model = make_linear_model()
-    trainer = LossTrainer(
-        model,
-        nn.MSELoss(),
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        callbacks=(TerminateOnNaNCallback(check_every_n_steps=check_every), Ends()),
-        nan_at_step=3,
-    )
-    trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=2)
-    assert events == ["stop", "end"]
-    assert trainer.progress.global_step == expected_stop_step
-
-
 def test_move_modules_to_device_moves_the_loss_function_at_run_start() -> None:
     moved: list[torch.device] = []
 

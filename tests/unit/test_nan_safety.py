@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
@@ -31,7 +30,7 @@ from pytorch_accelerated.callbacks.wsd_checkpoints import WSDCheckpointCallback
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.finite import NonFiniteStateError, non_finite_flag, state_is_finite
 from pytorch_accelerated.schedulers import WSDLrScheduler
-from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_regression_data
 from tests.helpers import make_trainer as make_any_trainer
 
 STEPS_PER_EPOCH = 12  # 24 samples, 2 per batch
@@ -342,14 +341,32 @@ def test_terminate_on_nan_remembers_a_nan_folded_away_before_a_distant_check() -
         def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
             stops.append(trainer.progress.global_step)
 
-    model = make_linear_model()
-    trainer = NaNAtStepTrainer(
-        model,
-        nn.MSELoss(),
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        callbacks=(TerminateOnNaNCallback(check_every_n_steps=80), Stops()),
+    trainer = make_trainer(
+        (TerminateOnNaNCallback(check_every_n_steps=80), Stops()),
+        trainer_class=NaNAtStepTrainer,
         nan_at_step=3,
     )
     # 100 steps; the NaN of step 3 stays in the epoch's loss sum until the check at step 80.
     trainer.train(make_regression_data(200), num_epochs=1, per_device_batch_size=2)
     assert stops == [80]
+
+
+@pytest.mark.parametrize(("check_every", "expected_stop_step"), [(1, 4), (4, 4), (3, 6)])
+def test_terminate_on_nan_stops_cleanly_at_the_next_check(check_every: int, expected_stop_step: int) -> None:
+    events: list[str] = []
+
+    class Ends(TrainerCallback):
+        def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
+            events.append("stop")
+
+        def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+            events.append("end")
+
+    trainer = make_trainer(
+        (TerminateOnNaNCallback(check_every_n_steps=check_every), Ends()),
+        trainer_class=NaNAtStepTrainer,
+        nan_at_step=3,
+    )
+    trainer.train(make_regression_data(40), num_epochs=1, per_device_batch_size=2)
+    assert events == ["stop", "end"]
+    assert trainer.progress.global_step == expected_stop_step
