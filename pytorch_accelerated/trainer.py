@@ -3,7 +3,7 @@
 Methods without a prefix are meant to be overridden (``create_*`` / ``calculate_*`` / ``get_*``
 return a value, the others change state); each is followed by the callback event of the same
 name with ``on_`` in front. The order of events is documented in docs/inside-the-trainer.md
-and pinned by tests/test_event_order.py. The Trainer holds its parts as objects: ``loaders``
+and pinned by tests/unit/test_event_order.py. The Trainer holds its parts as objects: ``loaders``
 (:class:`~pytorch_accelerated.loaders.RunLoaders`), ``state_store``
 (:class:`~pytorch_accelerated.checkpoints.store.TrainingStateStore`) and its record of what was
 prepared; what happens before and around a run is in :mod:`pytorch_accelerated.runs`.

@@ -4,7 +4,7 @@
 #     (scripts/check_dist.py: the version, every package folder, no tests);
 #  2. create a clean virtual environment outside the repository and install the wheel there (not
 #     editable) at the lowest versions of torch, accelerate and tqdm that pyproject.toml declares
-#     (constraints-lower.txt; tests/test_release.py keeps the two equal);
+#     (constraints-lower.txt; tests/unit/test_release.py keeps the two equal);
 #  3. from a directory outside the repository, run the main job (examples/train_digits.py) and
 #     the smoke test (scripts/release_smoke.py) on the installed copy;
 #  4. the lower-bounds tier: LOWER_BOUNDS_TESTS in that environment, from the repository root
@@ -15,12 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The lower-bounds tier (pytest arguments, run from the repository root): the quick tier without
-# its four slowest files, to keep CI within its time (the trackers also need the trackers extra,
-# the original-style scripts and the docs snippets are run on the newest versions by the main tier).
-LOWER_BOUNDS_TESTS=(-m "not distributed and not examples" --ignore tests/test_trackers.py
-  --ignore tests/test_docs_snippets.py --ignore tests/compat/test_compat_scripts.py
-  --ignore tests/test_benchmarks_front.py)
+# The lower-bounds tier (pytest arguments, run from the repository root): every single-process
+# test (tests/unit, tests/integration, tests/compat; see tests/conftest.py) without four slow files,
+# to keep CI within its time (the trackers also need the trackers extra, the original-style
+# scripts and the docs snippets are run on the newest versions by the main tier).
+LOWER_BOUNDS_TESTS=(-m "not distributed and not examples" --ignore tests/integration/test_trackers.py
+  --ignore tests/integration/test_docs_snippets.py --ignore tests/compat/test_compat_scripts.py
+  --ignore tests/integration/test_benchmarks_front.py)
 # What the main job and those tests import beside the package. Not timm: it needs torchvision,
 # which does not import beside torch 2.13, so the tests that need timm (or transformers) skip.
 WHEEL_EXTRAS="plots"

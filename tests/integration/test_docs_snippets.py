@@ -11,7 +11,7 @@ block may use names defined by the blocks before it on the same page. Keep runna
 small (a few epochs on the scikit-learn digits); mark long trainings, multi-process launches
 and GPU-only settings illustrative.
 
-The package's own docstring examples run in tests/test_doctests.py.
+The package's own docstring examples run in tests/unit/test_doctests.py.
 """
 
 from __future__ import annotations

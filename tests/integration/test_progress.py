@@ -1,7 +1,7 @@
 """What a run prints: progress bars on a terminal, one summary line per epoch elsewhere, metrics
 at one precision, and lines printed by callbacks above the bars.
 
-The runs are tests/progress_worker.py in a subprocess, its standard output a pipe (as in a log
+The runs are tests/integration/workers/progress_worker.py in a subprocess, its standard output a pipe (as in a log
 file), a pseudo-terminal (as in a shell), or a pipe from a 2-process ``torchrun`` group; the
 bars' choices of on and off are also checked in process, on a stream that says it is a terminal.
 """

@@ -1,6 +1,6 @@
 """Exact resume: training states, ``train(resume_from=...)`` and ``SaveTrainingStateCallback``.
 
-The run under test is ``tests/resume_worker.py`` (dropout, AdamW, a cosine schedule with
+The run under test is ``tests/integration/workers/resume_worker.py`` (dropout, AdamW, a cosine schedule with
 warm-up, gradient accumulation 2 with a partial last window, an evaluation set, a stateful
 callback; 3 epochs of 9 optimizer steps, a state saved every 4 steps and after every epoch).
 Where a process has to die, the worker runs as a real subprocess and is killed with SIGKILL
@@ -58,7 +58,7 @@ def state(states_dir: Path, step: int) -> Path:
 
 
 class Worker:
-    """``tests/resume_worker.py`` in its own process group, its output in a log file."""
+    """``tests/integration/workers/resume_worker.py`` in its own process group, its output in a log file."""
 
     def __init__(self, out: Path, *args: str, nproc: int = 1) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Signals honoured everywhere: a real SIGTERM (or SIGINT) sent to a training script at each kind
 of moment stops the run at the next safe point, saves, says so, and the script exits 0.
 
-One worker process (tests/signal_worker.py) runs every scenario in turn; at each scenario's
+One worker process (tests/integration/workers/signal_worker.py) runs every scenario in turn; at each scenario's
 moment it writes a ready file and waits, and the test sends the signal then (no sleeps). The
 2-process cases (a dead peer, collectives that not every process reaches) are in
 tests/distributed/test_hangs.py.

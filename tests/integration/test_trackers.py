@@ -6,7 +6,7 @@ bad input is refused with a clear message.
 
 Run as a script, this module is the run that the resume tests start and kill::
 
-    python tests/test_trackers.py --out DIR [--save-every N] [--kill-at N] [--save-last]
+    python tests/integration/test_trackers.py --out DIR [--save-every N] [--kill-at N] [--save-last]
         [--resume-from PATH]
 """
 

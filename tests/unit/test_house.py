@@ -354,7 +354,7 @@ def test_no_tracked_file_cites_a_design_document_outside_the_repository() -> Non
 
 def test_every_n_is_computed_by_the_one_helper() -> None:
     """``x % self.<...>every_n<...>`` is written only in ``intervals.every`` and in
-    ``StepMetrics.is_due``, which inlines it on the per-update path (tests/test_intervals.py
+    ``StepMetrics.is_due``, which inlines it on the per-update path (tests/unit/test_intervals.py
     keeps the two the same)."""
     allowed = {"pytorch_accelerated.step_metrics"}
     written = []

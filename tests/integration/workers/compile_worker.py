@@ -1,4 +1,4 @@
-"""Run by tests/test_compile.py under ``accelerate launch --dynamo_backend eager
+"""Run by tests/integration/test_compile.py under ``accelerate launch --dynamo_backend eager
 --dynamo_use_regional_compilation``: the Trainer's accelerator compiles the plain model by
 regions in ``prepare``. Prints one JSON line: what was compiled, how many graphs each epoch
 added, and the keys of the checkpoint it saved to ``argv[1]``.

@@ -1,9 +1,9 @@
-"""A small training run with the default callbacks; tests/test_progress.py reads what it prints.
+"""A small training run with the default callbacks; tests/integration/test_progress.py reads what it prints.
 
 Not a test module (pytest does not collect it); the tests start it with its standard output a
 pipe or a pseudo-terminal, as one process or with ``torchrun`` as two::
 
-    python tests/progress_worker.py [--samples 44] [--epochs 2]
+    python tests/integration/workers/progress_worker.py [--samples 44] [--epochs 2]
 
 The run: a linear model, SGD with lr 0.01, batches of 4 (44 samples: 11 batches per epoch on
 one process, 88 on two), an evaluation set, the default callbacks plus one that records a

@@ -1,9 +1,9 @@
-"""A small training run that saves training states; tests/test_resume.py starts, kills and resumes it.
+"""A small training run that saves training states; tests/integration/test_resume.py starts, kills and resumes it.
 
 Not a test module (pytest does not collect it); the tests import its builders for in-process
 runs and start it as a script where a process has to be killed::
 
-    python tests/resume_worker.py --out DIR [--num-workers 2] [--resume-from PATH]
+    python tests/integration/workers/resume_worker.py --out DIR [--num-workers 2] [--resume-from PATH]
         [--pause-at-step N | --pause-at-epoch E | --slow-save N] [--per-device-batch-size B]
 
 The run: an MLP with dropout, AdamW, a cosine schedule with warm-up, gradient accumulation 2,

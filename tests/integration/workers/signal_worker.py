@@ -1,8 +1,8 @@
-"""Training runs that a test stops with real signals; tests/test_signals.py starts it as a script.
+"""Training runs that a test stops with real signals; tests/integration/test_signals.py starts it as a script.
 
 Not a test module (pytest does not collect it)::
 
-    python tests/signal_worker.py --out DIR SCENARIO [SCENARIO ...]
+    python tests/integration/workers/signal_worker.py --out DIR SCENARIO [SCENARIO ...]
 
 Each scenario is one run (2 epochs of 4 optimizer updates, an evaluation set of 2 batches) with
 ``SaveTrainingStateCallback(DIR/<scenario>/states)``. At the scenario's moment (an event, or
