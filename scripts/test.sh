@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up, lint, types, docs build, then every test (unit, event order,
-# real 2-process runs, examples), then the release check (scripts/release-check.sh: the wheel
-# installed in a clean environment at the lowest declared versions, the lower-bounds tier).
+# The whole test suite: set-up, lint, types, docs build, then every test (tests/unit,
+# integration, distributed: real 2-process runs, compat, examples), then the release check
+# (scripts/release-check.sh: the wheel installed in a clean environment at the lowest declared
+# versions, the lower-bounds tier).
 # Usage: bash scripts/test.sh [extra pytest args]; with arguments (a selection of tests) only
 # that selection runs after the checks, without the release check.
 set -uo pipefail
