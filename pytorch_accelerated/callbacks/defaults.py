@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -105,7 +106,12 @@ class TerminateOnNaNCallback(TrainerCallback):
             raise StopTrainingError("non-finite evaluation loss")
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
-        if trainer.any_process(non_finite_loss_flag(trainer.run_state.train_loss.running_total)):
+        total = trainer.run_state.train_loss.running_total
+        if trainer.accelerator.num_processes == 1:  # nothing to agree on: one host read, no device op
+            non_finite = not math.isfinite(float(total))
+        else:
+            non_finite = trainer.any_process(non_finite_loss_flag(total))
+        if non_finite:
             self.triggered = True
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
