@@ -297,7 +297,8 @@ class ProgressBarCallback(TrainerCallback):
             total=counts.total,  # None for a stream: a bar without a total
             initial=counts.batches,
             desc=counts.label,
-            disable=not (trainer.is_local_process_zero and progress_bar_wanted(self.enabled)),
+            # (accelerate's is_local_main_process builds its shared state anew: asked second)
+            disable=not (progress_bar_wanted(self.enabled) and trainer.is_local_process_zero),
             leave=leave,
             dynamic_ncols=True,
             position=position,
