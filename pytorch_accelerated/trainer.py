@@ -342,7 +342,6 @@ class Trainer:
         """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
         train_dl = self._start_train_epoch(train_dl)
         config, progress, step_metrics = self._config(), self.progress, self.run_state.step_metrics
-        has_step_limit = config.train_steps_limit is not None  # checked after each update if so
         window_weight: Any = 0
         windows = accumulation_windows(
             train_dl, progress.batch_index, config.gradient_accumulation_steps, batches_per_epoch(train_dl)
@@ -368,7 +367,7 @@ class Trainer:
                 step=step,
                 is_update_step=is_update_step,
             )
-            if is_update_step and has_step_limit and self._reached_max_steps():
+            if is_update_step and config.train_steps_limit is not None and self._reached_max_steps():
                 break
         check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
         self._record_mean_loss(self.run_state.train_loss, "train_loss_epoch")
@@ -400,13 +399,11 @@ class Trainer:
         if not sync:  # the same, inside accelerate's no_sync (a context manager costs ~3 calls)
             with self._accelerator.no_sync(self.model):
                 return self._train_on_batch(batch, window_size, sync=True)
-        run_state = self.run_state
-        window = run_state.window
+        window, run_state = self.run_state.window, self.run_state
         assert window is not None  # set by train()
         batch_output = self.calculate_train_batch_loss(batch)
         check_batch_output(batch_output, "calculate_train_batch_loss")
-        weight = window.weight_of(batch_output)
-        loss = batch_output["loss"]
+        weight, loss = window.weight_of(batch_output), batch_output["loss"]
         run_state.train_loss.update(loss, weight)
         if run_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
             run_state.step_metrics.batch_done(batch_output)
@@ -430,9 +427,8 @@ class Trainer:
             not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
         ):  # no scaler: never
             return False
-        progress = self.progress
-        progress.global_step += 1
-        progress.epoch_step += 1
+        self.progress.global_step += 1
+        self.progress.epoch_step += 1
         self.run_state.step_metrics.update_done()
         return True
 
