@@ -48,12 +48,12 @@ class TerminateOnNaNCallback(TrainerCallback):
     The Trainer already sums each batch's loss on the device, and that sum is NaN or infinite
     once any loss of the epoch was: it is the flag, kept on the device at no extra cost. Every
     ``check_every_n_steps`` optimizer updates (default 10) and at the end of each epoch, the
-    processes read it and agree (one collective call, one host read) whether any saw a
-    non-finite loss; if so, all raise :class:`StopTrainingError` at the same step, so the run
-    ends through the normal end hooks within ``check_every_n_steps`` updates of the first
-    non-finite loss. The other updates cost no device work and no device-to-host sync. Every save
-    of weights (training states, save-best, EMA, WSD) makes the same check first, so a NaN
-    never reaches a checkpoint even between two checks.
+    processes read it and agree (one collective call and one host read; on one process just
+    the read) whether any saw a non-finite loss; if so, all raise :class:`StopTrainingError` at
+    the same step, so the run ends through the normal end hooks within ``check_every_n_steps``
+    updates of the first non-finite loss. The other updates cost no device work and no
+    device-to-host sync. Every save of weights (training states, save-best, EMA, WSD) makes the
+    same check first, so a NaN never reaches a checkpoint even between two checks.
 
     At the end of each evaluation epoch the processes also agree whether its loss was
     non-finite (one collective call per evaluation) and, if so, stop the same way. The run then
