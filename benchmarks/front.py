@@ -62,7 +62,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +71,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # Measure the checkout this script lives in (as overhead.py does, replacing the script's folder).
 sys.path[0] = str(REPO)
+
+from benchmarks.callgrind import callgrind_control, region_instructions  # noqa: E402
 
 #: Packages of the optional extras, which ``import pytorch_accelerated`` must not import.
 OPTIONAL_EXTRAS = (
@@ -223,16 +224,6 @@ def report_eval(per_batch: dict[str, list[float]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- instructions
 
 
-def callgrind_control(*options: str) -> None:
-    """Run ``callgrind_control`` on this process, which runs under callgrind; keep executing
-    meanwhile (callgrind answers commands only while the program runs, not while it waits)."""
-    command = subprocess.Popen(["callgrind_control", *options, str(os.getpid())], stdout=subprocess.DEVNULL)
-    while command.poll() is None:
-        sum(range(10_000))
-    if command.returncode != 0:
-        raise RuntimeError(f"callgrind_control {' '.join(options)} failed ({command.returncode})")
-
-
 def child_eval_instructions(args: argparse.Namespace) -> dict[str, Any]:
     """Under callgrind: warm up uninstrumented, then run one round of the evaluation loops;
     callgrind dumps its counts at every call of the clock, so each timed region is one dump."""
@@ -251,26 +242,8 @@ def eval_instructions(args: argparse.Namespace) -> dict[str, float]:
         f"--{name.replace('_', '-')}={getattr(args, name)}"
         for name in ("batch_size", "eval_short_batches", "eval_extra_batches")
     ]
-    with tempfile.TemporaryDirectory() as folder:
-        output = Path(folder) / "callgrind.out"
-        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=time_process_time",
-                   f"--callgrind-out-file={output}", sys.executable, str(Path(__file__).resolve()),
-                   "--child", "eval-instructions", *options]  # fmt: skip
-        completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=False)
-        if completed.returncode != 0:
-            raise RuntimeError(f"valgrind failed ({completed.returncode}):\n{completed.stderr[-3000:]}")
-        order = json.loads(completed.stdout.strip().splitlines()[-1])["order"]
-        dumps = sorted(Path(folder).glob("callgrind.out.*"), key=lambda path: int(path.suffix[1:]))
-        counts = [
-            int(
-                next(line for line in path.read_text().splitlines() if line.startswith("summary:")).split()[1]
-            )
-            for path in dumps
-        ]
-    if len(counts) < 2 * len(order):
-        raise RuntimeError(f"callgrind wrote {len(counts)} dumps for {len(order)} timed regions")
-    regions = dict(zip(order, counts[1 : 2 * len(order) : 2], strict=True))  # dumps at each clock() call
-    names = dict.fromkeys(entry.split(":")[0] for entry in order)
+    regions = region_instructions(Path(__file__).resolve(), ["--child", "eval-instructions", *options], REPO)
+    names = dict.fromkeys(entry.split(":")[0] for entry in regions)
     per_batch = {
         name: (regions[f"{name}:long"] - regions[f"{name}:short"]) / args.eval_extra_batches for name in names
     }

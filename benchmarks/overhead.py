@@ -42,11 +42,19 @@ are sent to ``os.devnull`` while a loop runs, so the Trainer's progress bar and 
 produced (and paid for) but do not flood the terminal. Every run checks that it made exactly
 the expected number of optimizer steps. Results and profile: docs/benchmarks.md.
 
+``--instructions`` also counts each loop's instructions per step, the same way (two run
+lengths differenced), in one round under valgrind's callgrind after an uninstrumented warm-up
+(``benchmarks/callgrind.py``, shared with ``benchmarks/front.py``): a figure that other programs
+on a shared machine cannot disturb, printed as ``INSTRUCTIONS_RATIO`` lines beside the ``RATIO``
+ones. Under callgrind a step takes about 50 times longer. ``--repeats 0 --instructions`` counts
+only, without the timed rounds.
+
 Run from the repository root::
 
     .venv/bin/python benchmarks/overhead.py
     .venv/bin/python benchmarks/overhead.py --steps 2048 --repeats 21 --json-out overhead.json
     .venv/bin/python benchmarks/overhead.py --loops trainer_no_callbacks trainer_tracking_every_50 --repeats 31
+    .venv/bin/python benchmarks/overhead.py --repeats 0 --instructions --steps 512   # minutes
 """
 
 from __future__ import annotations
@@ -71,11 +79,13 @@ from torch.utils.data import DataLoader, TensorDataset
 # Measure the checkout this script lives in, whether or not the package is installed. The
 # entry replaces the script's own folder, so sys.path keeps its usual length (accelerate 1.15's
 # optimizer wrapper searches it on every step: see docs/benchmarks.md).
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+REPO = Path(__file__).resolve().parents[1]
+sys.path[0] = str(REPO)
 
 import accelerate  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
+from benchmarks.callgrind import callgrind_control, region_instructions  # noqa: E402
 from pytorch_accelerated import Trainer  # noqa: E402
 from pytorch_accelerated.callbacks import DEFAULT_CALLBACKS, TrackingCallback  # noqa: E402
 
@@ -210,15 +220,24 @@ def time_run(name: str, data: TensorDataset, batch_size: int, num_epochs: int, c
     return seconds
 
 
+def measured_loops(args: argparse.Namespace) -> list[str]:
+    return ["plain", *(name for name in LOOPS if name != "plain" and name in args.loops)]
+
+
 def measure(
-    args: argparse.Namespace, data: TensorDataset, epochs: tuple[int, int], clock: Clock
+    args: argparse.Namespace,
+    data: TensorDataset,
+    epochs: tuple[int, int],
+    clock: Clock,
+    after_warm_up: Callable[[], None] = lambda: None,
 ) -> dict[str, list[float]]:
     """Per-step seconds of every loop in every round: (t_long - t_short) / extra steps."""
     short_epochs, long_epochs = epochs
     extra_steps = (long_epochs - short_epochs) * len(seeded_loader(data, args.batch_size))
-    names = ["plain", *(name for name in LOOPS if name != "plain" and name in args.loops)]
+    names = measured_loops(args)
     for name in names:  # warm-up: imports, allocator, accelerate state, first-call caches
         time_run(name, data, args.batch_size, short_epochs, clock)
+    after_warm_up()
     per_step: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args.repeats):
         shift = round_index % len(names)
@@ -238,7 +257,10 @@ def parse_args() -> argparse.Namespace:
         help="optimizer steps in the long run beyond the short one (rounded up to whole epochs)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=15, help="interleaved measurement rounds (medians are reported)"
+        "--repeats",
+        type=int,
+        default=15,
+        help="interleaved measurement rounds (medians are reported); 0 with --instructions: no timing",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dataset-size", type=int, default=1024, help="samples in the training set")
@@ -258,13 +280,39 @@ def parse_args() -> argparse.Namespace:
         help="the loops to measure (plain is always measured)",
     )
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions per step, one round under valgrind's callgrind (minutes)",
+    )
+    parser.add_argument(
         "--json-out", type=Path, default=None, help="also write every measurement to this file"
     )
+    parser.add_argument("--child", choices=("instructions",), help=argparse.SUPPRESS)
     args = parser.parse_args()
     for option in ("steps", "repeats", "batch_size", "dataset_size", "short_epochs"):
-        if getattr(args, option) < 1:
+        if getattr(args, option) < (0 if option == "repeats" and args.instructions else 1):
             parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
     return args
+
+
+def instructions_per_step(args: argparse.Namespace, measured_steps: int) -> dict[str, float]:
+    """Instructions per step of each loop, counted by callgrind in one round after the warm-up
+    (see benchmarks/callgrind.py; the count does not depend on what else the machine runs):
+    (n_long - n_short) / extra steps."""
+    options = [
+        f"--{name.replace('_', '-')}={getattr(args, name)}"
+        for name in ("steps", "batch_size", "dataset_size", "short_epochs")
+    ]
+    child = ["--child", "instructions", "--loops", *args.loops, *options]
+    regions = region_instructions(Path(__file__).resolve(), child, REPO)
+    per_step = {
+        name: (regions[f"{name}:long"] - regions[f"{name}:short"]) / measured_steps
+        for name in measured_loops(args)
+    }
+    print(f"\n{'loop':<28}{'instructions/step':>18}{'x plain':>10}")
+    for name, value in per_step.items():
+        print(f"{name:<28}{value:>18,.0f}{value / per_step['plain']:>10.3f}")
+    return per_step
 
 
 def main() -> None:
@@ -277,6 +325,12 @@ def main() -> None:
     steps_per_epoch = len(seeded_loader(data, args.batch_size))
     extra_epochs = -(-args.steps // steps_per_epoch)
     epochs = (args.short_epochs, args.short_epochs + extra_epochs)
+    if args.child == "instructions":  # under callgrind: one round, counted after the warm-up
+        args.repeats = 1
+        measure(args, data, epochs, time.process_time, after_warm_up=lambda: callgrind_control("-i", "on"))
+        order = [f"{name}:{length}" for name in measured_loops(args) for length in ("short", "long")]
+        print(json.dumps({"order": order}))
+        return
     print(
         f"torch {torch.__version__}, accelerate {accelerate.__version__}, python {platform.python_version()}, "
         f"device {device}, torch threads {torch.get_num_threads()}, {clock_name} clock\n"
@@ -285,19 +339,20 @@ def main() -> None:
         f"/ {extra_epochs * steps_per_epoch} steps; {args.repeats} interleaved rounds after a warm-up",
         flush=True,
     )
-    per_step = measure(args, data, epochs, clock)
-
+    per_step = measure(args, data, epochs, clock) if args.repeats else {}
     median = {name: statistics.median(values) for name, values in per_step.items()}
     ratio = {  # paired: each round's cost over the plain loop's in the same round
         name: statistics.median(t / p for t, p in zip(values, per_step["plain"], strict=True))
         for name, values in per_step.items()
     }
-    print(f"\n{'loop':<28}{'ms/step':>10}{'min':>9}{'max':>9}{'x plain':>10}")
+    if per_step:
+        print(f"\n{'loop':<28}{'ms/step':>10}{'min':>9}{'max':>9}{'x plain':>10}")
     for name, values in per_step.items():
         print(
             f"{name:<28}{median[name] * 1e3:>10.4f}{min(values) * 1e3:>9.4f}{max(values) * 1e3:>9.4f}"
             f"{ratio[name]:>10.2f}"
         )
+    instructions = instructions_per_step(args, extra_epochs * steps_per_epoch) if args.instructions else {}
     if args.json_out is not None:
         report = {
             "config": {
@@ -318,16 +373,21 @@ def main() -> None:
             "seconds_per_step": per_step,
             "median_seconds_per_step": median,
             "ratio_to_plain": ratio,
+            "instructions_per_step": instructions,
         }
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print()
     for name, reference in RATIOS:
+        digits = 2 if reference == "plain" else 3  # the goal against no logging is 2%
         if name in per_step and reference in per_step:
             paired = statistics.median(
                 t / r for t, r in zip(per_step[name], per_step[reference], strict=True)
             )
-            digits = 2 if reference == "plain" else 3  # the goal against no logging is 2%
             print(f"RATIO {name}/{reference} = {paired:.{digits}f}")
+        if name in instructions and reference in instructions:
+            print(
+                f"INSTRUCTIONS_RATIO {name}/{reference} = {instructions[name] / instructions[reference]:.{digits + 1}f}"
+            )
 
 
 if __name__ == "__main__":

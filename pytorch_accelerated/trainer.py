@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -342,12 +341,12 @@ class Trainer:
     def _run_train_epoch(self, train_dl: Any) -> None:
         """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
         train_dl = self._start_train_epoch(train_dl)
-        accumulation = self._config().gradient_accumulation_steps
+        config, progress, step_metrics = self._config(), self.progress, self.run_state.step_metrics
         window_weight: Any = 0
         windows = accumulation_windows(
-            train_dl, self.progress.batch_index, accumulation, batches_per_epoch(train_dl)
+            train_dl, progress.batch_index, config.gradient_accumulation_steps, batches_per_epoch(train_dl)
         )
-        for step, batch, window_size, is_update_step in self.run_state.step_metrics.timed(windows):
+        for step, batch, window_size, is_update_step in step_metrics.timed(windows):
             self.callback_handler.call_event("on_train_step_start", self)
             # Gradients are only all-reduced on the batch that completes an update.
             batch_output, weight = self._train_on_batch(
@@ -357,8 +356,8 @@ class Trainer:
             if is_update_step:  # False from here on if fp16's scaler skipped the update
                 is_update_step = self._update_parameters(window_weight, window_size)
                 window_weight = 0
-            self.progress.batch_index = step + 1
-            if is_update_step and self.run_state.step_metrics.is_due(self.progress.global_step):
+            progress.batch_index = step + 1
+            if is_update_step and step_metrics.is_due(progress.global_step):
                 self._record_step_metrics()
             self.callback_handler.call_event(
                 "on_train_step_end",
@@ -368,7 +367,7 @@ class Trainer:
                 step=step,
                 is_update_step=is_update_step,
             )
-            if is_update_step and self._reached_max_steps():
+            if is_update_step and config.train_steps_limit is not None and self._reached_max_steps():
                 break
         check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
         self._record_mean_loss(self.run_state.train_loss, "train_loss_epoch")
@@ -397,16 +396,18 @@ class Trainer:
 
     def _train_on_batch(self, batch: Any, window_size: int, sync: bool) -> tuple[dict[str, Any], Any]:
         """Forward and backward passes of one batch; returns its output and its weight in the window."""
-        window = self.run_state.window
+        if not sync:  # the same, inside accelerate's no_sync (a context manager costs ~3 calls)
+            with self._accelerator.no_sync(self.model):
+                return self._train_on_batch(batch, window_size, sync=True)
+        window, run_state = self.run_state.window, self.run_state
         assert window is not None  # set by train()
-        with nullcontext() if sync else self._accelerator.no_sync(self.model):
-            batch_output = self.calculate_train_batch_loss(batch)
-            check_batch_output(batch_output, "calculate_train_batch_loss")
-            weight = window.weight_of(batch_output)
-            self.run_state.train_loss.update(batch_output["loss"], weight)
-            if self.run_state.step_metrics.active:
-                self.run_state.step_metrics.batch_done(batch_output)
-            self.backward_step(window.scale(batch_output["loss"], weight, window_size))
+        batch_output = self.calculate_train_batch_loss(batch)
+        check_batch_output(batch_output, "calculate_train_batch_loss")
+        weight, loss = window.weight_of(batch_output), batch_output["loss"]
+        run_state.train_loss.update(loss, weight)
+        if run_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
+            run_state.step_metrics.batch_done(batch_output)
+        self.backward_step(window.scale(loss, weight, window_size))
         return batch_output, weight
 
     def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
@@ -417,7 +418,7 @@ class Trainer:
         """
         window = self.run_state.window
         assert window is not None  # set by train()
-        window.correct_gradients(self.model.parameters(), window_weight, window_size)
+        window.correct_gradients(self.model, window_weight, window_size)
         self._clip_gradients()
         self.optimizer_step()
         self.scheduler_step()

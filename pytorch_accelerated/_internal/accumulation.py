@@ -54,6 +54,9 @@ class WindowWeighting:
     def __init__(self, accelerator: Accelerator, per_device_batch_size: int) -> None:
         self.accelerator = accelerator
         self.per_device_batch_size = per_device_batch_size
+        # Read once: accelerate's num_processes is a property that looks up the shared state,
+        # and scale() and correct_gradients() ask on every batch.
+        self._multi_process = accelerator.num_processes > 1
         #: The reference weight of one batch; saved with the training state.
         self.unit: float | None = None
         #: Batches are weighted by ``num_items_in_batch``, which may differ between processes.
@@ -70,24 +73,20 @@ class WindowWeighting:
         weight = batch_output["num_items_in_batch"]
         return weight.reshape(()) if isinstance(weight, torch.Tensor) else weight
 
-    def _needed(self, window_size: int) -> bool:
-        return window_size > 1 or self.accelerator.num_processes > 1
-
     def scale(self, loss: torch.Tensor, weight: Any, window_size: int) -> torch.Tensor:
         """Return the batch's mean ``loss`` scaled for its share of the window."""
-        if not self._needed(window_size):
+        if window_size == 1 and not self._multi_process:  # one batch, one process: nothing to do
             return loss
         return loss * (weight / (self._unit(weight) * window_size))
 
-    def correct_gradients(
-        self, parameters: Iterable[torch.nn.Parameter], window_weight: Any, window_size: int
-    ) -> None:
-        """After a window's backward passes, rescale gradients by reference / true weight.
+    def correct_gradients(self, model: torch.nn.Module, window_weight: Any, window_size: int) -> None:
+        """After a window's backward passes, rescale the gradients of ``model``'s parameters by
+        reference / true weight.
 
         Item counts may differ between processes, so with several processes their total is
         summed over all of them (one all-reduce per update, only when counting items).
         """
-        if not self._needed(window_size):
+        if window_size == 1 and not self._multi_process:  # as in scale(): nothing to correct
             return
         reference = self._unit(window_weight) * window_size
         processes = self.accelerator.num_processes
@@ -100,7 +99,7 @@ class WindowWeighting:
             if window_weight == reference:
                 return
             factor = reference / window_weight
-        grads = [p.grad for p in parameters if p.grad is not None]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
         if grads:
             if isinstance(factor, torch.Tensor):
                 factor = factor.to(grads[0].device).reshape(())

@@ -101,6 +101,10 @@ def ranks_where(accelerator: Accelerator, flag: bool | torch.Tensor) -> list[int
 def print_once_per_node(accelerator: Accelerator, *args: Any, **kwargs: Any) -> None:
     """``print`` on each node's main process, above any open tqdm progress bar (which is
     cleared first and redrawn below the text, so the text starts on a line of its own)."""
-    if accelerator.is_local_main_process:
-        with tqdm.external_write_mode(file=kwargs.get("file")):
-            builtins.print(*args, **kwargs)
+    if not accelerator.is_local_main_process:
+        return
+    if not getattr(tqdm, "_instances", None):  # no bar drawn (tqdm does not list disabled bars)
+        builtins.print(*args, **kwargs)  # nothing to clear: skip tqdm's locks, as printed per epoch
+        return
+    with tqdm.external_write_mode(file=kwargs.get("file")):
+        builtins.print(*args, **kwargs)

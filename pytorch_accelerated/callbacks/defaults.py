@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -47,12 +48,12 @@ class TerminateOnNaNCallback(TrainerCallback):
     The Trainer already sums each batch's loss on the device, and that sum is NaN or infinite
     once any loss of the epoch was: it is the flag, kept on the device at no extra cost. Every
     ``check_every_n_steps`` optimizer updates (default 10) and at the end of each epoch, the
-    processes read it and agree (one collective call, one host read) whether any saw a
-    non-finite loss; if so, all raise :class:`StopTrainingError` at the same step, so the run
-    ends through the normal end hooks within ``check_every_n_steps`` updates of the first
-    non-finite loss. The other updates cost no device work and no device-to-host sync. Every save
-    of weights (training states, save-best, EMA, WSD) makes the same check first, so a NaN
-    never reaches a checkpoint even between two checks.
+    processes read it and agree (one collective call and one host read; on one process just
+    the read) whether any saw a non-finite loss; if so, all raise :class:`StopTrainingError` at
+    the same step, so the run ends through the normal end hooks within ``check_every_n_steps``
+    updates of the first non-finite loss. The other updates cost no device work and no
+    device-to-host sync. Every save of weights (training states, save-best, EMA, WSD) makes the
+    same check first, so a NaN never reaches a checkpoint even between two checks.
 
     At the end of each evaluation epoch the processes also agree whether its loss was
     non-finite (one collective call per evaluation) and, if so, stop the same way. The run then
@@ -105,7 +106,12 @@ class TerminateOnNaNCallback(TrainerCallback):
             raise StopTrainingError("non-finite evaluation loss")
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
-        if trainer.any_process(non_finite_loss_flag(trainer.run_state.train_loss.running_total)):
+        total = trainer.run_state.train_loss.running_total
+        if trainer.accelerator.num_processes == 1:  # nothing to agree on: one host read, no device op
+            non_finite = not math.isfinite(float(total))
+        else:
+            non_finite = trainer.any_process(non_finite_loss_flag(total))
+        if non_finite:
             self.triggered = True
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
@@ -291,7 +297,8 @@ class ProgressBarCallback(TrainerCallback):
             total=counts.total,  # None for a stream: a bar without a total
             initial=counts.batches,
             desc=counts.label,
-            disable=not (trainer.is_local_process_zero and progress_bar_wanted(self.enabled)),
+            # (accelerate's is_local_main_process builds its shared state anew: asked second)
+            disable=not (progress_bar_wanted(self.enabled) and trainer.is_local_process_zero),
             leave=leave,
             dynamic_ncols=True,
             position=position,
