@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from . import prediction
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.validation import (
@@ -29,7 +30,6 @@ from ._internal.validation import (
 from .callbacks import StopTrainingError
 from .checkpoints.training_objects import TrainingObjects
 from .data import DeviceDataLoader, check_same_data_on_every_process, prepare_eval_dataloader
-from .prediction import check_predict_loader
 from .run_config import RunProgress, RunState, TrainerRunConfig
 
 if TYPE_CHECKING:
@@ -162,6 +162,27 @@ def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: d
         )
 
 
+def predict(
+    trainer: Trainer,
+    dataset: Any,
+    batch_size: int,
+    dataloader_kwargs: dict[str, Any] | None,
+    collate_fn: Any,
+    padding_value: float,
+) -> Any:
+    """What ``Trainer.predict`` does: check its arguments, then run
+    :func:`~pytorch_accelerated.prediction.predict` over the loader of :func:`predict_loader`."""
+    prediction.check_predict_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, padding_value)
+    check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
+    loader = predict_loader(trainer, dataset, batch_size, dataloader_kwargs, collate_fn)
+    loaders = trainer.loaders
+    batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
+    step = trainer.calculate_predict_batch_outputs
+    return prediction.predict(
+        trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
+    )
+
+
 def predict_loader(
     trainer: Trainer, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any
 ) -> DeviceDataLoader:
@@ -177,7 +198,7 @@ def predict_loader(
         _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
     finally:
         trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs = saved
-    check_predict_loader(loader)
+    prediction.check_predict_loader(loader)
     trainer._prepare_model_optimizer_and_dataloaders()
     prepared: DeviceDataLoader = prepare_eval_dataloader(trainer.accelerator, loader)
     return prepared
