@@ -32,11 +32,7 @@ from ._internal.distributed import (
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
 from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
-from ._internal.validation import (
-    check_batch_output,
-    check_callbacks,
-    check_trainer_arguments,
-)
+from ._internal.validation import check_batch_output, check_callbacks, check_trainer_arguments
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,
     CallbackHandler,
@@ -51,11 +47,7 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
 from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints import model_files
 from .checkpoints.store import TrainingStateStore
-from .data import (
-    batches_per_epoch,
-    check_stream_gave_batches,
-    prepare_eval_dataloader,
-)
+from .data import batches_per_epoch, check_stream_gave_batches, prepare_eval_dataloader
 from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
@@ -402,8 +394,7 @@ class Trainer:
     ) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
         loader_before = self.loaders.eval
-        self.eval_epoch_start()
-        self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
+        self._run_method_then_event("eval_epoch_start", is_intermediate=is_intermediate)
         if self.loaders.eval is not loader_before:  # replaced by a callback for this epoch
             eval_dl = self.loaders.eval
         eval_loss = self.run_state.eval_loss
@@ -426,8 +417,7 @@ class Trainer:
             self.run_history.update_metric(
                 "evaluation_loss" if is_evaluation_run else "eval_loss_epoch", mean
             )
-        self.eval_epoch_end()
-        self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
+        self._run_method_then_event("eval_epoch_end", is_intermediate=is_intermediate)
 
     def run_eval_epoch(
         self,
