@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .step_metrics import StepMetrics
@@ -130,26 +130,23 @@ class TrainerRunConfig:
         eval_dl_kwargs: dict[str, Any] | None,
         seed: int | None,
     ) -> TrainerRunConfig:
-        """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained)."""
-        processes = accelerator.num_processes
+        """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained): that of
+        a one-epoch run without updates, batching by the evaluation loader's batch size."""
         batch_size = _batch_size(eval_dl_kwargs, per_device_batch_size)
-        return cls(
+        config = cls.for_run(
+            accelerator,
+            num_batches_per_epoch=None,
+            per_device_batch_size=batch_size,
             num_epochs=1,
-            train_per_device_batch_size=batch_size,
-            train_dl_kwargs={},
-            eval_per_device_batch_size=batch_size,
-            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
             gradient_accumulation_steps=1,
-            gradient_clip_value=None,
-            train_total_batch_size=batch_size * processes,
-            eval_total_batch_size=batch_size * processes,
-            num_update_steps_per_epoch=None,
-            num_local_update_steps_per_epoch=None,
             max_num_train_steps=None,
-            **_process_fields(accelerator),
+            gradient_clip_value=None,
+            max_grad_norm=None,
+            train_dl_kwargs=None,
+            eval_dl_kwargs=eval_dl_kwargs,
             seed=seed,
-            evaluation_only=True,
         )
+        return replace(config, evaluation_only=True)
 
 
 def _steps_and_epochs(
