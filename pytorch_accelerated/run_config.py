@@ -162,9 +162,7 @@ def _steps_and_epochs(
 
 def _reported_max_steps(given: int | None, num_epochs: int, steps_per_epoch: int | None) -> int | None:
     """The limit given, else the run's length in updates (None over a stream of unknown length)."""
-    if given is not None or steps_per_epoch is None:
-        return given
-    return num_epochs * steps_per_epoch
+    return given if given is not None or steps_per_epoch is None else num_epochs * steps_per_epoch
 
 
 def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
@@ -278,9 +276,10 @@ class RunState:
         of the loss since the last step-metrics point."""
         loss = self.train_loss
         own = {"step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count)}
-        if not mid_epoch:
-            return {"train_loss": None, **own}
-        return {"train_loss": {"total": loss.running_total, "count": loss.count}, **own}
+        return {
+            "train_loss": {"total": loss.running_total, "count": loss.count} if mid_epoch else None,
+            **own,
+        }
 
     def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:
         self.train_loss.reset()

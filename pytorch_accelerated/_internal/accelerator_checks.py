@@ -14,9 +14,11 @@ from accelerate.utils import DistributedType
 
 def has_accelerator_device() -> bool:
     accelerator_api = getattr(torch, "accelerator", None)
-    if accelerator_api is not None and hasattr(accelerator_api, "is_available"):
-        return bool(accelerator_api.is_available())
-    return torch.cuda.is_available()
+    return (
+        bool(accelerator_api.is_available())
+        if accelerator_api is not None and hasattr(accelerator_api, "is_available")
+        else torch.cuda.is_available()
+    )
 
 
 def check_accelerator(accelerator: Accelerator) -> None:

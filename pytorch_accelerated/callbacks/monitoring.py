@@ -94,9 +94,11 @@ class MetricWatchingCallback(TrainerCallback):
             return False
         if self.best_metric is None:
             return True
-        if self.greater_is_better:
-            return value > self.best_metric + self.threshold
-        return value < self.best_metric - self.threshold
+        return (
+            value > self.best_metric + self.threshold
+            if self.greater_is_better
+            else value < self.best_metric - self.threshold
+        )
 
     def agree_improvement(self, trainer: Trainer, value: float) -> bool:
         """The main process's :meth:`is_improvement`, shared with every process (collective)."""

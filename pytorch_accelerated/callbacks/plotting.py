@@ -49,9 +49,7 @@ def _as_float(value: Any) -> float | None:
     """``value`` as a float, or None when it is not one number (such values are not drawn)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value.detach().reshape(()))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
 
 
 def _check_path(path: str | os.PathLike) -> Path:

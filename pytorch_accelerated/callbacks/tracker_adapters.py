@@ -167,6 +167,8 @@ def not_written_yet(
 ) -> dict[str, Any]:
     """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
     MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
-    if step is None or not written_steps:
-        return values
-    return {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
+    return (
+        values
+        if step is None or not written_steps
+        else {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
+    )

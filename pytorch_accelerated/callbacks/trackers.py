@@ -51,10 +51,8 @@ def flat_hyperparameters(values: Mapping[str, Any], prefix: str = "") -> dict[st
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flat_hyperparameters(value, f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
         else:
-            flat[name] = str(value) if value is not None else "None"
+            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
     return flat
 
 

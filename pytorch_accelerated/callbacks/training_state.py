@@ -247,10 +247,10 @@ class SaveTrainingStateCallback(TrainerCallback):
     @staticmethod
     def _at_update_boundary(trainer: Trainer) -> bool:
         config, index = trainer.run_config, trainer.progress.batch_index
-        if config is None:
-            return False
         # The epoch's training is done (its last window, however short, ended with an update).
-        return index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
+        return config is not None and (
+            index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
+        )
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch

@@ -157,9 +157,11 @@ def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: 
 
 def _summed(shares: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     present = [share for share in shares if share is not None]
-    if not present:
-        return None
-    return {
-        "total": sum((share["total"] for share in present), 0.0),
-        "count": sum((share["count"] for share in present), 0),
-    }
+    return (
+        {
+            "total": sum((share["total"] for share in present), 0.0),
+            "count": sum((share["count"] for share in present), 0),
+        }
+        if present
+        else None
+    )

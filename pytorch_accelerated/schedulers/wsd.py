@@ -136,9 +136,11 @@ class WSDLrScheduler(StatefulSchedulerBase):
             return peak * self.lr_min
         period = self._period(t)
         start, end = period["pre_decay_step"], period["period_end"]
-        if t <= start:
-            return peak
-        return _decayed(peak, self.lr_min, (t - start) / (end - start), self.use_inverse_sqrt_decay)
+        return (
+            peak
+            if t <= start
+            else _decayed(peak, self.lr_min, (t - start) / (end - start), self.use_inverse_sqrt_decay)
+        )
 
     def _period(self, t: int) -> dict[str, int]:
         return self.checkpoint_decay_info[self._period_index(t)]
@@ -195,12 +197,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
         step = check_int("step", num_updates, minimum=0)
         index = self._period_index(step)
         info: dict[str, Any] = dict(self.checkpoint_decay_info[index])
-        if step < self._warmup_end:
-            phase = "warmup"
-        elif step > info["pre_decay_step"]:
-            phase = "decay"
-        else:
-            phase = "stable"
+        phase = (
+            "warmup" if step < self._warmup_end else "decay" if step > info["pre_decay_step"] else "stable"
+        )
         info.update(
             phase=phase,
             checkpoint_index=index,
