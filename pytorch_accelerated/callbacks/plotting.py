@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from .._internal.validation import check_flag, check_whole_number
 from .events import TrainerCallback
+from .trackers import as_float
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -43,13 +41,6 @@ Points = list[tuple[int, float]]
 
 def _is_lr(name: str) -> bool:
     return name == "lr" or name.startswith("lr_group_")
-
-
-def _as_float(value: Any) -> float | None:
-    """``value`` as a float, or None when it is not one number (such values are not drawn)."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.detach().reshape(()))
-    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
 
 
 def _check_path(path: str | os.PathLike) -> Path:
@@ -210,7 +201,7 @@ class PlotRunCallback(TrainerCallback):
         points = []
         for index in range(self._first["epoch"].get(name, 0), len(values)):
             ends = (step for step, counts in self._epoch_ends if counts.get(name, 0) > index)
-            value = _as_float(values[index])
+            value = as_float(values[index])
             if value is not None:
                 points.append((next(ends, trainer.progress.global_step), value))
         return points
@@ -219,7 +210,7 @@ class PlotRunCallback(TrainerCallback):
         points = trainer.run_history.get_step_metric_values(name)[self._first["step"].get(name, 0) :]
         return [
             (step, value)
-            for step, value in ((step, _as_float(value)) for step, value in points)
+            for step, value in ((step, as_float(value)) for step, value in points)
             if value is not None
         ]
 

@@ -84,14 +84,17 @@ def _holds_shards(optimizer: Any) -> bool:
 def refuse_fsdp1_optimizer(accelerator: Any, optimizer: Any, method: str, argument: str) -> None:
     """Refuse, before anything is read or written, to move a whole optimizer state in or out of
     FSDP version 1, whose optimizer holds flattened shards: only FSDP2's is gathered here."""
-    if optimizer is None or accelerator.distributed_type != DistributedType.FSDP or accelerator.is_fsdp2:
-        return
-    raise ValueError(
-        f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
-        f"fsdp_version=1), whose optimizer holds flattened shards; only FSDP2's is supported. Use FSDP2 "
-        f"(FullyShardedDataParallelPlugin(fsdp_version=2), or `accelerate launch --use_fsdp --fsdp_version 2`), "
-        f"or pass {method}(..., {argument}=False); save_training_state saves the sharded optimizer state."
-    )
+    if (
+        optimizer is not None
+        and accelerator.distributed_type == DistributedType.FSDP
+        and not accelerator.is_fsdp2
+    ):
+        raise ValueError(
+            f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
+            f"fsdp_version=1), whose optimizer holds flattened shards; only FSDP2's is supported. Use FSDP2 "
+            f"(FullyShardedDataParallelPlugin(fsdp_version=2), or `accelerate launch --use_fsdp --fsdp_version 2`), "
+            f"or pass {method}(..., {argument}=False); save_training_state saves the sharded optimizer state."
+        )
 
 
 def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> dict[str, Any]:
@@ -364,10 +367,11 @@ _OTHER_GLOBALS = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        allowed = module in _DCP_METADATA_MODULES or (module, name) in _OTHER_GLOBALS
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if not allowed:
+        if not (
+            module in _DCP_METADATA_MODULES
+            or (module, name) in _OTHER_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             raise pickle.UnpicklingError(
                 f"it names {module}.{name}, which is not part of torch.distributed.checkpoint's metadata"
             )

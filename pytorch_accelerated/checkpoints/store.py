@@ -254,8 +254,10 @@ class TrainingStateStore:
         resume.restore_position(objects, loaded.trainer_state, loaded.process_state)
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
-        pending = {"callbacks": loaded.trainer_state["callbacks"], "rng": loaded.process_state["rng"]}
-        objects.run_state.pending_resume = pending
+        objects.run_state.pending_resume = {
+            "callbacks": loaded.trainer_state["callbacks"],
+            "rng": loaded.process_state["rng"],
+        }
         if not self._resuming:
             self.apply_pending_resume(objects.run_state, objects.callbacks)
         return {"current_epoch": loaded.saved_epoch, **loaded.trainer_state["checkpoint_kwargs"]}
