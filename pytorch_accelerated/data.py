@@ -74,8 +74,9 @@ class ReproducibleShuffleSampler(Sampler[int]):
         return self.skipped_in(self.epoch)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.num_samples, generator=generator).tolist()[self.skipped :]
+        yield from torch.randperm(
+            self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+        ).tolist()[self.skipped :]
 
     def __len__(self) -> int:
         return self.num_samples - self.skipped
@@ -293,8 +294,7 @@ def default_num_workers(dataset: Any, batch_size: int, device: torch.device, loc
     """
     if device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
         return 0
-    cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
+    return max(1, min(8, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
 
 
 def shard_evaluation(

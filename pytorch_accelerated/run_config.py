@@ -275,10 +275,9 @@ class RunState:
         """This process's own share: its part of the epoch's training loss so far (mid-epoch), and
         of the loss since the last step-metrics point."""
         loss = self.train_loss
-        own = {"step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count)}
         return {
             "train_loss": {"total": loss.running_total, "count": loss.count} if mid_epoch else None,
-            **own,
+            "step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count),
         }
 
     def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:

@@ -51,8 +51,13 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """What ``Trainer.train`` does with its ``arguments`` (by name): check them all, then set up
     and run ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
-    set_up = functools.partial(set_up_training, trainer, arguments)
-    run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
+    run_guarded(
+        trainer,
+        functools.partial(set_up_training, trainer, arguments),
+        trainer._run_training,
+        end="training_run_end",
+        stopped="Training stopped",
+    )
 
 
 def evaluate(
@@ -98,8 +103,9 @@ def evaluate(
 def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
     _start_run(trainer, arguments)
-    datasets = {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
-    check_same_data_on_every_process(trainer.accelerator, datasets)
+    check_same_data_on_every_process(
+        trainer.accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
+    )
     trainer.create_scheduler_fn = arguments["create_scheduler_fn"]
     loaders, batch_size = trainer.loaders, arguments["per_device_batch_size"]
     train_kwargs, eval_kwargs = arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]
@@ -140,11 +146,10 @@ def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: d
     """Give an evaluation on a Trainer that has not trained its own run config (callbacks
     read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
     if trainer.run_config is None or trainer.run_config.evaluation_only:
-        kwargs = trainer.loaders.recorded_kwargs("eval", eval_kwargs)
         trainer.run_config = TrainerRunConfig.for_evaluation(
             trainer.accelerator,
             per_device_batch_size=batch_size,
-            eval_dl_kwargs=kwargs,
+            eval_dl_kwargs=trainer.loaders.recorded_kwargs("eval", eval_kwargs),
             seed=trainer.loaders.seed,
         )
 
@@ -176,9 +181,15 @@ def predict(
     trainer._prepare_model_optimizer_and_dataloaders()
     loader = prepare_eval_dataloader(trainer.accelerator, loader)
     batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
-    step = trainer.calculate_predict_batch_outputs
     return prediction.predict(
-        trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
+        trainer.accelerator,
+        trainer.model,
+        loader,
+        batches,
+        trainer.calculate_predict_batch_outputs,
+        padding,
+        len(dataset),
+        padding_value,
     )
 
 

@@ -92,8 +92,10 @@ def _mlflow_written_steps(run_id: str) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    names = client.get_run(run_id).data.metrics
-    return {name: max(metric.step for metric in client.get_metric_history(run_id, name)) for name in names}
+    return {
+        name: max(metric.step for metric in client.get_metric_history(run_id, name))
+        for name in client.get_run(run_id).data.metrics
+    }
 
 
 class ResumableWandBTracker(_ResumedLog, WandBTracker):
@@ -129,8 +131,12 @@ class ResumableWandBTracker(_ResumedLog, WandBTracker):
 
 def wandb_offline_records(run_file: Path) -> list[dict[str, Any]]:
     """The records of a W&B transaction log (``run-<id>.wandb``), read with W&B's own reader."""
-    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if result.returncode != 0:
         raise RuntimeError(
             f"Could not read the W&B offline log {run_file} with `wandb leet inspect` (exit code "

@@ -337,8 +337,7 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
         return False
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
-            record = next(name for name in archive.namelist() if name.endswith("/data.pkl"))
-            data = archive.read(record)
+            data = archive.read(next(name for name in archive.namelist() if name.endswith("/data.pkl")))
     else:
         data = _legacy_pickle(path) or b""
     return any(opcode.name in _CODE_OPCODES for opcode, _, _ in pickletools.genops(data))

@@ -46,8 +46,12 @@ class BatchSettings:
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> BatchSettings:
         """The settings a manifest records (0 for one saved outside a training run)."""
-        keys = ("num_processes", "per_device_batch_size", "gradient_accumulation_steps")
-        return cls(*(int(manifest.get(key) or 0) for key in keys))
+        return cls(
+            *(
+                int(manifest.get(key) or 0)
+                for key in ("num_processes", "per_device_batch_size", "gradient_accumulation_steps")
+            )
+        )
 
     @property
     def global_batch(self) -> int:

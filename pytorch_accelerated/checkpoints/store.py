@@ -161,13 +161,22 @@ class TrainingStateStore:
         main = accelerator.is_main_process
         save, contents = self._begin(state, main), {}
         # The previous copy's memory is free again (it was waited for).
-        error = attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
-        save.agree(error or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir)))
-        rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
-        job = BackgroundStateWrite(
-            state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
+        save.agree(
+            attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
+            or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
         )
-        self._background = (job, state.position["global_step"])
+        rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
+        self._background = (
+            BackgroundStateWrite(
+                state.output_dir,
+                contents,
+                rank,
+                processes,
+                manifest if main else None,
+                collective_timeout_s(),
+            ),
+            state.position["global_step"],
+        )
 
     def wait(self) -> None:
         """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
@@ -320,8 +329,7 @@ class TrainingStateStore:
         if pending["rng"] is not None:
             restore_rng_states(pending["rng"])
             if RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
-                seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
-                set_seed(seed + int(pending["rng"][RESEED_KEY]))
+                set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(pending["rng"][RESEED_KEY]))
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,7 @@ class CosineLrScheduler(StatefulSchedulerBase):
             super().load_state_dict(state_dict)
             return
         state = {_ORIGINAL_NAMES.get(key, key): value for key, value in state_dict.items()}
-        counter = int(state.pop("num_updates", -1)) + 1
-        state.setdefault("_num_updates", counter)
+        state.setdefault("_num_updates", int(state.pop("num_updates", -1)) + 1)
         state["num_decay_steps"] = (
             state["total_steps"] - state["num_warmup_steps"] - state["num_cooldown_steps"]
         )
@@ -169,8 +168,9 @@ class CosineLrScheduler(StatefulSchedulerBase):
         # Return lr_min itself at and after the end of the decay, so the run ends on it exactly.
         if t_decay >= self.num_decay_steps:
             return lr_min
-        progress = (t_decay / self.num_decay_steps) ** self.k_decay
-        return lr_min + (lr_max - lr_min) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_min + (lr_max - lr_min) * 0.5 * (
+            1 + math.cos(math.pi * ((t_decay / self.num_decay_steps) ** self.k_decay))
+        )
 
     @staticmethod
     def _ratio_or(ratio: float | None, lr_max: float, value: float) -> float:

@@ -413,8 +413,9 @@ def _total_steps(num_epochs: Any, num_update_steps_per_epoch: Any, total_steps: 
             "Give the run length as total_steps, or as both num_epochs and "
             f"num_update_steps_per_epoch; {received}."
         )
-    epochs = check_int("num_epochs", num_epochs, minimum=1)
-    return epochs * check_int("num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1)
+    return check_int("num_epochs", num_epochs, minimum=1) * check_int(
+        "num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1
+    )
 
 
 def _check_decay_phase_ratio(value: Any) -> float:
