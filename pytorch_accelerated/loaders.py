@@ -63,12 +63,12 @@ class RunLoaders:
 
     def default_kwargs(self, dataset: Any, batch_size: int, shuffle: bool) -> dict[str, Any]:
         """The Trainer's default ``DataLoader`` arguments for ``dataset``."""
-        accelerator = self.accelerator
-        kwargs = default_dataloader_kwargs(
-            dataset, batch_size, accelerator.device, self.seed, accelerator.num_processes
-        )
-        kwargs["shuffle"] = shuffle
-        return kwargs
+        return {
+            **default_dataloader_kwargs(
+                dataset, batch_size, self.accelerator.device, self.seed, self.accelerator.num_processes
+            ),
+            "shuffle": shuffle,
+        }
 
     def merge(self, which: str, defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
         """``overrides`` merged over ``defaults`` for the ``which`` ("train" / "eval") loader, recorded."""
@@ -106,9 +106,12 @@ class RunLoaders:
         once, in the same number of batches (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`)."""
         custom_order = any(key in (given or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(dataset) and not custom_order and not kwargs.get("shuffle"):
-            processes = (self.accelerator.num_processes, self.accelerator.process_index)
             kwargs = shard_evaluation(
-                kwargs, len(dataset), kwargs.get("batch_size") or batch_size, *processes
+                kwargs,
+                len(dataset),
+                kwargs.get("batch_size") or batch_size,
+                self.accelerator.num_processes,
+                self.accelerator.process_index,
             )
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
 
