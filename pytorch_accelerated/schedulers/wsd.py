@@ -134,16 +134,13 @@ class WSDLrScheduler(StatefulSchedulerBase):
             return self.warmup_starting_lr + (peak - self.warmup_starting_lr) * t / self._warmup_end
         if t >= self.total_steps:
             return peak * self.lr_min
-        period = self._period(t)
+        period = self.checkpoint_decay_info[self._period_index(t)]
         start, end = period["pre_decay_step"], period["period_end"]
         return (
             peak
             if t <= start
             else _decayed(peak, self.lr_min, (t - start) / (end - start), self.use_inverse_sqrt_decay)
         )
-
-    def _period(self, t: int) -> dict[str, int]:
-        return self.checkpoint_decay_info[self._period_index(t)]
 
     def _period_index(self, t: int) -> int:
         """The first period whose end is at or after ``t``; the last one beyond the run."""
@@ -316,7 +313,8 @@ def estimate_checkpoint_steps(total_steps: int, num_checkpoints: int = 3) -> lis
     if num_checkpoints == 1:
         return [total_steps]
     last = num_checkpoints - 1
-    steps = [_round_half_up(total_steps * 0.25 * 4 ** (i / last)) for i in range(last)] + [total_steps]
+    # Rounded half up (math.floor(x + 0.5)): Python's round() rounds halves to even (round(2.5) == 2).
+    steps = [math.floor(total_steps * 0.25 * 4 ** (i / last) + 0.5) for i in range(last)] + [total_steps]
     if steps[0] < 1 or any(a >= b for a, b in zip(steps, steps[1:], strict=False)):
         raise ValueError(
             f"num_checkpoints={num_checkpoints} is too many for total_steps={total_steps}: the "
@@ -427,8 +425,3 @@ def _check_decay_phase_ratio(value: Any) -> float:
             "of each period between checkpoints."
         )
     return float(value)
-
-
-def _round_half_up(value: float) -> int:
-    # Python's round() rounds halves to even (round(2.5) == 2); half up is what users expect.
-    return math.floor(value + 0.5)
