@@ -95,14 +95,9 @@ class TrainerRunConfig:
         A ``batch_size`` in ``train_dl_kwargs`` / ``eval_dl_kwargs`` is what the loaders use, so
         it is the per-device batch size recorded (and saved with training states).
         """
-        steps_per_epoch = (
-            None
-            if num_batches_per_epoch is None
-            else math.ceil(num_batches_per_epoch / gradient_accumulation_steps)
+        steps_per_epoch, num_epochs = _steps_and_epochs(
+            num_batches_per_epoch, gradient_accumulation_steps, max_num_train_steps, num_epochs
         )
-        if max_num_train_steps is not None:
-            # Over a stream, every epoch (one pass) makes at least one update: a bound.
-            num_epochs = math.ceil(max_num_train_steps / (steps_per_epoch or 1))
         processes = accelerator.num_processes
         train_batch_size, eval_batch_size = (
             _batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
@@ -119,18 +114,9 @@ class TrainerRunConfig:
             eval_total_batch_size=eval_batch_size * processes,
             num_update_steps_per_epoch=steps_per_epoch,
             num_local_update_steps_per_epoch=steps_per_epoch,
-            # the limit given, else the run's length in updates (None over a stream of unknown length)
-            max_num_train_steps=(
-                max_num_train_steps
-                if max_num_train_steps is not None or steps_per_epoch is None
-                else num_epochs * steps_per_epoch
-            ),
+            max_num_train_steps=_reported_max_steps(max_num_train_steps, num_epochs, steps_per_epoch),
             train_steps_limit=max_num_train_steps,
-            is_local_process_zero=accelerator.is_local_main_process,
-            is_world_process_zero=accelerator.is_main_process,
-            is_distributed=processes > 1,
-            mixed_precision=str(accelerator.mixed_precision),
-            num_processes=processes,
+            **_process_fields(accelerator),
             max_grad_norm=max_grad_norm,
             seed=seed,
         )
@@ -163,6 +149,33 @@ class TrainerRunConfig:
             ),
             evaluation_only=True,
         )
+
+
+def _steps_and_epochs(
+    num_batches: int | None, accumulation: int, max_num_train_steps: int | None, num_epochs: int
+) -> tuple[int | None, int]:
+    """Updates per epoch (None for a stream of unknown length) and the number of epochs."""
+    steps_per_epoch = None if num_batches is None else math.ceil(num_batches / accumulation)
+    # Over a stream, every epoch (one pass) makes at least one update: a bound.
+    return steps_per_epoch, (
+        num_epochs if max_num_train_steps is None else math.ceil(max_num_train_steps / (steps_per_epoch or 1))
+    )
+
+
+def _reported_max_steps(given: int | None, num_epochs: int, steps_per_epoch: int | None) -> int | None:
+    """The limit given, else the run's length in updates (None over a stream of unknown length)."""
+    return given if given is not None or steps_per_epoch is None else num_epochs * steps_per_epoch
+
+
+def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
+    """The fields of a run config that describe the processes and precision of ``accelerator``."""
+    return {
+        "is_local_process_zero": accelerator.is_local_main_process,
+        "is_world_process_zero": accelerator.is_main_process,
+        "is_distributed": accelerator.num_processes > 1,
+        "mixed_precision": str(accelerator.mixed_precision),
+        "num_processes": accelerator.num_processes,
+    }
 
 
 def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
