@@ -51,13 +51,8 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """What ``Trainer.train`` does with its ``arguments`` (by name): check them all, then set up
     and run ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
-    run_guarded(
-        trainer,
-        functools.partial(set_up_training, trainer, arguments),
-        trainer._run_training,
-        end="training_run_end",
-        stopped="Training stopped",
-    )
+    set_up = functools.partial(set_up_training, trainer, arguments)
+    run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
 
 
 def evaluate(
@@ -181,15 +176,9 @@ def predict(
     trainer._prepare_model_optimizer_and_dataloaders()
     loader = prepare_eval_dataloader(trainer.accelerator, loader)
     batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
+    step = trainer.calculate_predict_batch_outputs
     return prediction.predict(
-        trainer.accelerator,
-        trainer.model,
-        loader,
-        batches,
-        trainer.calculate_predict_batch_outputs,
-        padding,
-        len(dataset),
-        padding_value,
+        trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
     )
 
 

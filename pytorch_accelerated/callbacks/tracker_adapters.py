@@ -131,12 +131,8 @@ class ResumableWandBTracker(_ResumedLog, WandBTracker):
 
 def wandb_offline_records(run_file: Path) -> list[dict[str, Any]]:
     """The records of a W&B transaction log (``run-<id>.wandb``), read with W&B's own reader."""
-    result = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         raise RuntimeError(
             f"Could not read the W&B offline log {run_file} with `wandb leet inspect` (exit code "

@@ -166,17 +166,10 @@ class TrainingStateStore:
             or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
         )
         rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
-        self._background = (
-            BackgroundStateWrite(
-                state.output_dir,
-                contents,
-                rank,
-                processes,
-                manifest if main else None,
-                collective_timeout_s(),
-            ),
-            state.position["global_step"],
+        job = BackgroundStateWrite(
+            state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
         )
+        self._background = (job, state.position["global_step"])
 
     def wait(self) -> None:
         """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
