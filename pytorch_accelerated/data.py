@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -74,8 +74,9 @@ class ReproducibleShuffleSampler(Sampler[int]):
         return self.skipped_in(self.epoch)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.num_samples, generator=generator).tolist()[self.skipped :]
+        yield from torch.randperm(
+            self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+        ).tolist()[self.skipped :]
 
     def __len__(self) -> int:
         return self.num_samples - self.skipped
@@ -293,8 +294,7 @@ def default_num_workers(dataset: Any, batch_size: int, device: torch.device, loc
     """
     if device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
         return 0
-    cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
+    return max(1, min(8, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
 
 
 def shard_evaluation(
@@ -302,11 +302,10 @@ def shard_evaluation(
 ) -> dict[str, Any]:
     """``kwargs`` with a :class:`ShardedEvalBatchSampler` in place of batch size, shuffle and
     drop_last: every process gets its own share of the samples, each once, in equal batch counts."""
-    kwargs = {
-        key: value for key, value in kwargs.items() if key not in ("batch_size", "shuffle", "drop_last")
+    return {
+        **{key: value for key, value in kwargs.items() if key not in ("batch_size", "shuffle", "drop_last")},
+        "batch_sampler": ShardedEvalBatchSampler(num_samples, batch_size, num_processes, process_index),
     }
-    kwargs["batch_sampler"] = ShardedEvalBatchSampler(num_samples, batch_size, num_processes, process_index)
-    return kwargs
 
 
 def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -360,19 +359,16 @@ def check_same_data_on_every_process(accelerator: Accelerator, datasets: dict[st
     table = rows.reshape(accelerator.num_processes, -1).tolist()
     for slot, name in enumerate(datasets):
         seen = [tuple(row[2 * slot : 2 * slot + 2]) for row in table]
-        if len(set(seen)) > 1:
-            raise ValueError(_different_data_message(name, seen))
-
-
-def _different_data_message(name: str, seen: Iterable[tuple[int, int]]) -> str:
-    described = "; ".join(
-        f"process {process}: {length} samples" + (f", Subset indices hash {digest:#x}" if digest else "")
-        for process, (length, digest) in enumerate(seen)
-    )
-    return (
-        f"{name} differs across processes ({described}). Every process must build the same data "
-        f"set: the Trainer splits it among them, so a different one mixes samples (e.g. evaluation "
-        f"samples trained on) or hangs the run. If it comes from torch.utils.data.random_split, seed "
-        f"the split: random_split(dataset, lengths, generator=torch.Generator().manual_seed(0)), or "
-        f"call torch.manual_seed(...) before splitting."
-    )
+        if len(set(seen)) == 1:
+            continue
+        described = "; ".join(
+            f"process {process}: {length} samples" + (f", Subset indices hash {digest:#x}" if digest else "")
+            for process, (length, digest) in enumerate(seen)
+        )
+        raise ValueError(
+            f"{name} differs across processes ({described}). Every process must build the same data "
+            f"set: the Trainer splits it among them, so a different one mixes samples (e.g. evaluation "
+            f"samples trained on) or hangs the run. If it comes from torch.utils.data.random_split, seed "
+            f"the split: random_split(dataset, lengths, generator=torch.Generator().manual_seed(0)), or "
+            f"call torch.manual_seed(...) before splitting."
+        )

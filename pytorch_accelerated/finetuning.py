@@ -63,9 +63,7 @@ class LayerGroup(NamedTuple):
 
 def _layer_is_frozen(module: nn.Module) -> bool:
     params = list(module.parameters(recurse=False))
-    if params:
-        return not any(p.requires_grad for p in params)
-    return not module.training
+    return not any(p.requires_grad for p in params) if params else not module.training
 
 
 class ModelFreezer:

@@ -1,6 +1,7 @@
 """The data loaders of a Trainer's run: :class:`RunLoaders` (``trainer.loaders``) makes them from the
 default arguments merged with the user's, remembers what they were made with and the run's seed,
-and holds them once prepared for distribution.
+and holds them once prepared for distribution; it also tells the training loader the epoch and
+marks the padding batches of an evaluation (:meth:`RunLoaders.eval_batches`).
 
 The Trainer's overridable methods decide what is made: ``get_default_*_dl_kwargs`` give the
 default ``DataLoader`` arguments and ``create_*_dataloader`` build the loaders through this part.
@@ -9,6 +10,7 @@ The samplers and loader defaults themselves live in :mod:`pytorch_accelerated.da
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +42,7 @@ class RunLoaders:
             config records them.
         seed: the run's seed (None: not seeded); it seeds the shuffle order and the workers.
         train_generator: the training loader's ``generator`` (reseeded each epoch), if it has one.
+        eval_batch_is_padding: see :attr:`~pytorch_accelerated.trainer.Trainer.eval_batch_is_padding`.
     """
 
     def __init__(self, accelerator: Accelerator) -> None:
@@ -49,6 +52,7 @@ class RunLoaders:
         self.merged_kwargs: dict[str, dict[str, Any]] = {}
         self.seed: int | None = None
         self.train_generator: torch.Generator | None = None
+        self.eval_batch_is_padding = False
 
     def set_seed(self, seed: int | None) -> None:
         """Seed every RNG (python, numpy, torch) with ``seed`` and keep it for the loaders (None:
@@ -59,12 +63,12 @@ class RunLoaders:
 
     def default_kwargs(self, dataset: Any, batch_size: int, shuffle: bool) -> dict[str, Any]:
         """The Trainer's default ``DataLoader`` arguments for ``dataset``."""
-        accelerator = self.accelerator
-        kwargs = default_dataloader_kwargs(
-            dataset, batch_size, accelerator.device, self.seed, accelerator.num_processes
-        )
-        kwargs["shuffle"] = shuffle
-        return kwargs
+        return {
+            **default_dataloader_kwargs(
+                dataset, batch_size, self.accelerator.device, self.seed, self.accelerator.num_processes
+            ),
+            "shuffle": shuffle,
+        }
 
     def merge(self, which: str, defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
         """``overrides`` merged over ``defaults`` for the ``which`` ("train" / "eval") loader, recorded."""
@@ -90,14 +94,44 @@ class RunLoaders:
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
 
     def make_eval_loader(
-        self, dataset: Any, collate_fn: Any, kwargs: dict[str, Any], batch_size: int, custom_order: bool
+        self,
+        dataset: Any,
+        collate_fn: Any,
+        kwargs: dict[str, Any],
+        batch_size: int,
+        given: dict[str, Any] | None,
     ) -> DataLoader:
-        """The evaluation loader: unless ``custom_order`` (a sampler of the user's) or shuffled,
+        """The evaluation loader: unless the user ``given`` arguments name a sampler or it is shuffled,
         every process gets its own share of a map-style data set's samples, each sample exactly
         once, in the same number of batches (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`)."""
+        custom_order = any(key in (given or {}) for key in ("sampler", "batch_sampler"))
         if is_map_style(dataset) and not custom_order and not kwargs.get("shuffle"):
-            processes = (self.accelerator.num_processes, self.accelerator.process_index)
             kwargs = shard_evaluation(
-                kwargs, len(dataset), kwargs.get("batch_size") or batch_size, *processes
+                kwargs,
+                len(dataset),
+                kwargs.get("batch_size") or batch_size,
+                self.accelerator.num_processes,
+                self.accelerator.process_index,
             )
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
+
+    def eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
+        real = None
+        try:
+            for number, batch in enumerate(loader):
+                if real is None:  # a stream's loader knows it only at its end; then it stays
+                    real = getattr(loader, "num_real_batches", None)
+                self.eval_batch_is_padding = real is not None and number >= real
+                yield batch
+        finally:
+            self.eval_batch_is_padding = False
+
+    @staticmethod
+    def set_epoch(dataloader: Any, epoch: int, sampler: Any) -> None:
+        """Tell the training loader and its shuffle ``sampler`` the epoch: accelerate's loaders pass
+        their own iteration count to the sampler, which a fresh or resumed loader starts at 0."""
+        if hasattr(dataloader, "set_epoch"):
+            dataloader.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)

@@ -74,10 +74,7 @@ class _Expression:
         for op, operand in self.ops:
             if is_placeholder(operand):
                 operand = operand.resolve(trainer)
-            if op == "int":
-                value = int(value)
-            else:
-                value = value * operand if op == "*" else value + operand
+            value = int(value) if op == "int" else value * operand if op == "*" else value + operand
         return value
 
     def __repr__(self) -> str:

@@ -124,6 +124,16 @@ def _predict_batches(
     return structure, gathered
 
 
+def model_outputs(model: nn.Module, batch: Any) -> Any:
+    """What the default ``calculate_predict_batch_outputs`` returns: ``model(**batch)`` for a mapping,
+    ``model(batch[0])`` for a tuple or list, else ``model(batch)``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    return model(batch)
+
+
 def check_predict_loader(loader: Any) -> None:
     """Fail unless ``loader`` (from ``create_eval_dataloader``) splits the data set with a
     :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`, which tells each batch's samples."""

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .step_metrics import StepMetrics
@@ -130,24 +130,23 @@ class TrainerRunConfig:
         eval_dl_kwargs: dict[str, Any] | None,
         seed: int | None,
     ) -> TrainerRunConfig:
-        """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained)."""
-        processes = accelerator.num_processes
+        """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained): that of
+        a one-epoch run without updates, batching by the evaluation loader's batch size."""
         batch_size = _batch_size(eval_dl_kwargs, per_device_batch_size)
-        return cls(
-            num_epochs=1,
-            train_per_device_batch_size=batch_size,
-            train_dl_kwargs={},
-            eval_per_device_batch_size=batch_size,
-            eval_dl_kwargs=dict(eval_dl_kwargs or {}),
-            gradient_accumulation_steps=1,
-            gradient_clip_value=None,
-            train_total_batch_size=batch_size * processes,
-            eval_total_batch_size=batch_size * processes,
-            num_update_steps_per_epoch=None,
-            num_local_update_steps_per_epoch=None,
-            max_num_train_steps=None,
-            **_process_fields(accelerator),
-            seed=seed,
+        return replace(
+            cls.for_run(
+                accelerator,
+                num_batches_per_epoch=None,
+                per_device_batch_size=batch_size,
+                num_epochs=1,
+                gradient_accumulation_steps=1,
+                max_num_train_steps=None,
+                gradient_clip_value=None,
+                max_grad_norm=None,
+                train_dl_kwargs=None,
+                eval_dl_kwargs=eval_dl_kwargs,
+                seed=seed,
+            ),
             evaluation_only=True,
         )
 
@@ -157,17 +156,15 @@ def _steps_and_epochs(
 ) -> tuple[int | None, int]:
     """Updates per epoch (None for a stream of unknown length) and the number of epochs."""
     steps_per_epoch = None if num_batches is None else math.ceil(num_batches / accumulation)
-    if max_num_train_steps is None:
-        return steps_per_epoch, num_epochs
     # Over a stream, every epoch (one pass) makes at least one update: a bound.
-    return steps_per_epoch, math.ceil(max_num_train_steps / (steps_per_epoch or 1))
+    return steps_per_epoch, (
+        num_epochs if max_num_train_steps is None else math.ceil(max_num_train_steps / (steps_per_epoch or 1))
+    )
 
 
 def _reported_max_steps(given: int | None, num_epochs: int, steps_per_epoch: int | None) -> int | None:
     """The limit given, else the run's length in updates (None over a stream of unknown length)."""
-    if given is not None or steps_per_epoch is None:
-        return given
-    return num_epochs * steps_per_epoch
+    return given if given is not None or steps_per_epoch is None else num_epochs * steps_per_epoch
 
 
 def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
@@ -280,10 +277,10 @@ class RunState:
         """This process's own share: its part of the epoch's training loss so far (mid-epoch), and
         of the loss since the last step-metrics point."""
         loss = self.train_loss
-        own = {"step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count)}
-        if not mid_epoch:
-            return {"train_loss": None, **own}
-        return {"train_loss": {"total": loss.running_total, "count": loss.count}, **own}
+        return {
+            "train_loss": {"total": loss.running_total, "count": loss.count} if mid_epoch else None,
+            "step_metrics": self.step_metrics.process_state_dict(loss.running_total, loss.count),
+        }
 
     def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:
         self.train_loss.reset()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from . import prediction
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.validation import (
@@ -28,8 +29,7 @@ from ._internal.validation import (
 )
 from .callbacks import StopTrainingError
 from .checkpoints.training_objects import TrainingObjects
-from .data import DeviceDataLoader, check_same_data_on_every_process, prepare_eval_dataloader
-from .prediction import check_predict_loader
+from .data import check_same_data_on_every_process, prepare_eval_dataloader
 from .run_config import RunProgress, RunState, TrainerRunConfig
 
 if TYPE_CHECKING:
@@ -73,26 +73,34 @@ def evaluate(
     check_evaluate_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, seed)
     history = trainer.run_history
     before = history.metric_counts()
-    set_up = functools.partial(
-        set_up_evaluation, trainer, dataset, batch_size, dataloader_kwargs, collate_fn, seed
-    )
-    body = functools.partial(_run_evaluation, trainer)
+
+    def set_up() -> None:  # everything before the evaluation runs: the data set, its loader, preparation
+        check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
+        trainer.eval_dataset = dataset
+        if collate_fn is not None:
+            trainer.collate_fn = collate_fn
+        trainer.loaders.set_seed(seed)
+        trainer.loaders.eval = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
+        _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
+        trainer._prepare_model_optimizer_and_dataloaders()
+        check_epoch_has_batches(trainer.loaders.eval, dataset, "dataset", trainer.accelerator.num_processes)
+
+    def body() -> None:
+        trainer.evaluation_run_start()
+        trainer.callback_handler.call_event("on_evaluation_run_start", trainer)
+        trainer._run_eval_epoch(trainer.loaders.eval, is_evaluation_run=True)
+
     run_guarded(trainer, set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
     counts = history.metric_counts()
     return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
 
 
-def _run_evaluation(trainer: Trainer) -> None:
-    trainer.evaluation_run_start()
-    trainer.callback_handler.call_event("on_evaluation_run_start", trainer)
-    trainer._run_eval_epoch(trainer.loaders.eval, is_evaluation_run=True)
-
-
 def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
     _start_run(trainer, arguments)
-    datasets = {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
-    check_same_data_on_every_process(trainer.accelerator, datasets)
+    check_same_data_on_every_process(
+        trainer.accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
+    )
     trainer.create_scheduler_fn = arguments["create_scheduler_fn"]
     loaders, batch_size = trainer.loaders, arguments["per_device_batch_size"]
     train_kwargs, eval_kwargs = arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]
@@ -129,45 +137,32 @@ def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:
     trainer.run_state = RunState(history_first_epoch=trainer.run_history.current_epoch)
 
 
-def set_up_evaluation(
+def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
+    """Give an evaluation on a Trainer that has not trained its own run config (callbacks
+    read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
+    if trainer.run_config is None or trainer.run_config.evaluation_only:
+        trainer.run_config = TrainerRunConfig.for_evaluation(
+            trainer.accelerator,
+            per_device_batch_size=batch_size,
+            eval_dl_kwargs=trainer.loaders.recorded_kwargs("eval", eval_kwargs),
+            seed=trainer.loaders.seed,
+        )
+
+
+def predict(
     trainer: Trainer,
     dataset: Any,
     batch_size: int,
     dataloader_kwargs: dict[str, Any] | None,
     collate_fn: Any,
-    seed: int | None,
-) -> None:
-    """Everything before ``evaluate()`` runs: the data set, its loader, preparation."""
+    padding_value: float,
+) -> Any:
+    """What ``Trainer.predict`` does: check its arguments, then run
+    :func:`~pytorch_accelerated.prediction.predict` over a loader from the overridable
+    ``create_eval_dataloader``, prepared along with the model; the run's ``eval_dataset``,
+    ``collate_fn`` and recorded loader arguments are put back afterwards."""
+    prediction.check_predict_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, padding_value)
     check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
-    trainer.eval_dataset = dataset
-    if collate_fn is not None:
-        trainer.collate_fn = collate_fn
-    trainer.loaders.set_seed(seed)
-    trainer.loaders.eval = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
-    _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
-    trainer._prepare_model_optimizer_and_dataloaders()
-    check_epoch_has_batches(trainer.loaders.eval, dataset, "dataset", trainer.accelerator.num_processes)
-
-
-def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
-    """Give an evaluation on a Trainer that has not trained its own run config (callbacks
-    read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
-    if trainer.run_config is None or trainer.run_config.evaluation_only:
-        kwargs = trainer.loaders.recorded_kwargs("eval", eval_kwargs)
-        trainer.run_config = TrainerRunConfig.for_evaluation(
-            trainer.accelerator,
-            per_device_batch_size=batch_size,
-            eval_dl_kwargs=kwargs,
-            seed=trainer.loaders.seed,
-        )
-
-
-def predict_loader(
-    trainer: Trainer, dataset: Any, batch_size: int, dataloader_kwargs: dict[str, Any] | None, collate_fn: Any
-) -> DeviceDataLoader:
-    """The loader ``predict()`` runs over: from the overridable ``create_eval_dataloader``,
-    prepared along with the model; the run's ``eval_dataset``, ``collate_fn`` and recorded
-    loader arguments are put back afterwards."""
     loaders = trainer.loaders
     saved = trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs
     trainer.eval_dataset = dataset
@@ -177,10 +172,14 @@ def predict_loader(
         _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
     finally:
         trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs = saved
-    check_predict_loader(loader)
+    prediction.check_predict_loader(loader)
     trainer._prepare_model_optimizer_and_dataloaders()
-    prepared: DeviceDataLoader = prepare_eval_dataloader(trainer.accelerator, loader)
-    return prepared
+    loader = prepare_eval_dataloader(trainer.accelerator, loader)
+    batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
+    step = trainer.calculate_predict_batch_outputs
+    return prediction.predict(
+        trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
+    )
 
 
 def run_guarded(

@@ -112,8 +112,9 @@ class RunHistory(ABC):
         a callback asks for them; the per-epoch metrics stay in :meth:`update_metric`. This and
         the other ``*step_metric*`` methods work for every subclass, with nothing to override.
         """
-        series = self._step_series().setdefault(f"{self.metric_name_prefix}{metric_name}", [])
-        series.append((int(step), metric_value))
+        self._step_series().setdefault(f"{self.metric_name_prefix}{metric_name}", []).append(
+            (int(step), metric_value)
+        )
 
     def get_step_metric_names(self) -> set[str]:
         """Return the names of every step-indexed series recorded so far."""

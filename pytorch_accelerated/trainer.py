@@ -1,19 +1,16 @@
 """The Trainer: ``train`` -> ``_run_training`` -> ``_run_train_epoch`` -> one method per ML step.
 
-Methods without a prefix are meant to be overridden (``create_*`` / ``calculate_*`` / ``get_*``
-return a value, the others change state); each is followed by the callback event of the same
-name with ``on_`` in front. The order of events is documented in docs/inside-the-trainer.md
-and pinned by tests/unit/test_event_order.py. The Trainer holds its parts as objects: ``loaders``
-(:class:`~pytorch_accelerated.loaders.RunLoaders`), ``state_store``
-(:class:`~pytorch_accelerated.checkpoints.store.TrainingStateStore`) and its record of what was
-prepared; what happens before and around a run is in :mod:`pytorch_accelerated.runs`.
+Methods without a prefix are meant to be overridden; each is followed by the callback event of the
+same name with ``on_`` in front (docs/inside-the-trainer.md, pinned by tests/unit/test_event_order.py).
+The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared); set-up and
+end of runs: :mod:`pytorch_accelerated.runs`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -22,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import runs
-from ._internal.accelerator_checks import check_accelerator, has_accelerator_device
+from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, unpack_batch
 from ._internal.distributed import (
@@ -34,12 +31,8 @@ from ._internal.distributed import (
 )
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
-from ._internal.process_group import destroy_process_group_at_exit, process_group_kwargs
-from ._internal.validation import (
-    check_batch_output,
-    check_callbacks,
-    check_trainer_arguments,
-)
+from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
+from ._internal.validation import check_batch_output, check_callbacks, check_trainer_arguments
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,
     CallbackHandler,
@@ -54,15 +47,10 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
 from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints import model_files
 from .checkpoints.store import TrainingStateStore
-from .data import (
-    batches_per_epoch,
-    check_same_data_on_every_process,
-    check_stream_gave_batches,
-    prepare_eval_dataloader,
-)
+from .data import batches_per_epoch, check_stream_gave_batches, prepare_eval_dataloader
 from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
-from .prediction import check_predict_arguments, predict
+from .prediction import model_outputs
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
@@ -90,20 +78,14 @@ class Trainer:
 
     Args:
         model: the ``nn.Module`` to train.
-        loss_func: called as ``loss_func(model_outputs, targets)`` by the default
-            ``calculate_*_batch_loss``; may be None if those are overridden.
-        optimizer: a ``torch.optim.Optimizer`` (accelerate's ``DummyOptim`` under DeepSpeed, or
-            anything with ``step()`` and ``zero_grad()``); may be None for evaluation only.
-        callbacks: callback instances or classes, called in this order. Replaces
-            :data:`DEFAULT_CALLBACKS`; to add to them use ``(*DEFAULT_CALLBACKS, MyCallback())``.
+        loss_func: ``loss_func(model_outputs, targets)``, used by the default ``calculate_*_batch_loss``.
+        optimizer: a ``torch.optim.Optimizer`` (or anything with ``step()`` and ``zero_grad()``).
+        callbacks: callback instances or classes, called in this order (replaces the defaults).
         run_history: where metrics are recorded; an :class:`InMemoryRunHistory` by default.
-
-    Example (``callbacks=()`` keeps it quiet; the defaults print progress and metrics):
 
     >>> import torch
     >>> from torch import nn
     >>> from torch.utils.data import TensorDataset
-    >>> _ = torch.manual_seed(0)
     >>> data = TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
     >>> model = nn.Linear(3, 1)
     >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
@@ -130,8 +112,7 @@ class Trainer:
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
         check_accelerator(self._accelerator)
-        if self._accelerator.num_processes > 1:
-            destroy_process_group_at_exit()
+        destroy_process_group_at_exit(self._accelerator)
         if env_limit is not None:
             self.print(env_limit.announcement())
         # The parts, each with its own state (loaders; what was prepared; training states).
@@ -146,21 +127,11 @@ class Trainer:
         self.run_config: TrainerRunConfig | None = None
         self.progress, self.run_state = RunProgress(), RunState()
         self.last_grad_norm: torch.Tensor | None = None
-        self._eval_batch_is_padding = False
         runs.run_end_event(self, "on_init_end")
 
     def _create_accelerator(self) -> Accelerator:
-        """Create the ``accelerate.Accelerator``; override to set mixed precision, plugins, etc.
-
-        Configuration from ``accelerate config``, ``accelerate launch`` or the environment applies
-        as usual (pass ``gradient_accumulation_steps`` to :meth:`train`, not here). A group of
-        processes launched on a machine with no accelerator forms a CPU (gloo) group.
-        """
-        launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        # Collectives time out after PT_ACC_COLLECTIVE_TIMEOUT s, not 30 min (inside-the-trainer.md).
-        return Accelerator(
-            cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
-        )
+        """Create the ``accelerate.Accelerator``; override to set mixed precision, plugins, etc."""
+        return default_accelerator()
 
     # ------------------------------------------------------------------ public entry points
 
@@ -183,21 +154,7 @@ class Trainer:
         max_grad_norm: float | None = None,
         seed: int | None = 42,
     ) -> None:
-        """Train for ``num_epochs`` (or ``max_num_train_steps`` optimizer updates), evaluating
-        on ``eval_dataset`` after each epoch.
-
-        Args:
-            per_device_batch_size: samples per batch on each process.
-            max_num_train_steps: stop after this many optimizer updates (the same number on
-                one process and on many); the number of epochs then follows from it.
-            gradient_accumulation_steps: batches per optimizer update.
-            gradient_clip_value: clip each gradient element to [-v, v] before each update.
-            max_grad_norm: clip the total gradient norm to this value before each update.
-            create_scheduler_fn: ``f(optimizer) -> scheduler``; stepped once per update.
-            resume_from: a directory written by :meth:`save_training_state` (or a folder of
-                them: the newest complete one is taken) to continue from, exactly where it was.
-            seed: seeds every RNG (python, numpy, torch) and the shuffle order; None leaves
-                the RNGs alone.
+        """Train for ``num_epochs`` (or ``max_num_train_steps`` updates), evaluating after each epoch.
 
         >>> import torch
         >>> from torch import nn
@@ -205,8 +162,7 @@ class Trainer:
         >>> data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
         >>> model = nn.Linear(3, 1)
         >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-        >>> trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=8,
-        ...               gradient_accumulation_steps=2)
+        >>> trainer.train(data, 3, data, per_device_batch_size=8, gradient_accumulation_steps=2)
         >>> trainer.run_config.num_update_steps_per_epoch  # ceil(5 batches / 2)
         3
         >>> len(trainer.run_history.get_metric_values("eval_loss_epoch"))
@@ -224,11 +180,7 @@ class Trainer:
         *,
         seed: int | None = 42,
     ) -> dict[str, Any]:
-        """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``).
-
-        Records ``evaluation_loss`` in the run history, leaving the training history intact,
-        and returns every metric recorded during the evaluation. A ``StopTrainingError`` raised
-        during it ends the evaluation at that batch; nothing partial is recorded.
+        """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``); return its metrics.
 
         >>> import torch
         >>> from torch import nn
@@ -264,8 +216,6 @@ class Trainer:
         scheduler_fn = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
         return scheduler_fn(self.optimizer)
 
-    # ------------------------------------------------------------------ the loop
-
     # ------------------------------------------------------------------ overridable: set-up
 
     def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
@@ -286,12 +236,10 @@ class Trainer:
     def create_eval_dataloader(
         self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
     ) -> DataLoader:
-        """Return the evaluation ``DataLoader``: by default every process gets its own share of the
-        samples, each sample exactly once, and the same number of batches."""
+        """Return the evaluation ``DataLoader``: each process gets its share of the samples, each once."""
         kwargs = self.loaders.merge("eval", self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
-        custom_order = any(key in (eval_dl_kwargs or {}) for key in ("sampler", "batch_sampler"))
         return self.loaders.make_eval_loader(
-            self.eval_dataset, self.collate_fn, kwargs, batch_size, custom_order
+            self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
         )
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
@@ -391,7 +339,7 @@ class Trainer:
             loss.reset()
         else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
             train_dl = skip_first_batches(train_dl, self.progress.batch_index)
-        self._set_epoch(train_dl, self.progress.epoch)
+        self.loaders.set_epoch(train_dl, self.progress.epoch, self.run_state.train_sampler)
         return train_dl
 
     def _train_on_batch(self, batch: Any, window_size: int, sync: bool) -> tuple[dict[str, Any], Any]:
@@ -443,27 +391,18 @@ class Trainer:
             self.run_history.update_step_metric(name, step, value)
         self.callback_handler.call_event("on_step_metrics", self, step=step, metrics=metrics)
 
-    def _set_epoch(self, dataloader: Any, epoch: int) -> None:
-        # accelerate's loaders pass their own iteration count to the sampler when iterated, so
-        # they must be told the epoch too (a fresh or resumed loader would start again at 0).
-        if hasattr(dataloader, "set_epoch"):
-            dataloader.set_epoch(epoch)
-        if self.run_state.train_sampler is not None:
-            self.run_state.train_sampler.set_epoch(epoch)
-
     def _run_eval_epoch(
         self, eval_dl: Any, is_intermediate: bool = False, is_evaluation_run: bool = False
     ) -> None:
         """Run one evaluation epoch over ``eval_dl`` under ``torch.no_grad()``."""
         loader_before = self.loaders.eval
-        self.eval_epoch_start()
-        self.callback_handler.call_event("on_eval_epoch_start", self, is_intermediate=is_intermediate)
+        self._run_method_then_event("eval_epoch_start", is_intermediate=is_intermediate)
         if self.loaders.eval is not loader_before:  # replaced by a callback for this epoch
             eval_dl = self.loaders.eval
         eval_loss = self.run_state.eval_loss
         eval_loss.reset()
         with torch.no_grad():
-            for batch in self._eval_batches(eval_dl):
+            for batch in self.loaders.eval_batches(eval_dl):
                 self.callback_handler.call_event("on_eval_step_start", self)
                 batch_output = self.calculate_eval_batch_loss(batch)
                 check_batch_output(batch_output, "calculate_eval_batch_loss")
@@ -480,8 +419,7 @@ class Trainer:
             self.run_history.update_metric(
                 "evaluation_loss" if is_evaluation_run else "eval_loss_epoch", mean
             )
-        self.eval_epoch_end()
-        self.callback_handler.call_event("on_eval_epoch_end", self, is_intermediate=is_intermediate)
+        self._run_method_then_event("eval_epoch_end", is_intermediate=is_intermediate)
 
     def run_eval_epoch(
         self,
@@ -503,18 +441,6 @@ class Trainer:
         self.run_history.update_metric(
             metric_name, mean_over_processes(self._accelerator, tracker.running_total, tracker.count)
         )
-
-    def _eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
-        """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
-        real = None
-        try:
-            for number, batch in enumerate(loader):
-                if real is None:  # a stream's loader knows it only at its end; then it stays
-                    real = getattr(loader, "num_real_batches", None)
-                self._eval_batch_is_padding = real is not None and number >= real
-                yield batch
-        finally:
-            self._eval_batch_is_padding = False
 
     def training_run_start(self) -> None:
         """Called at the start of :meth:`train`, before ``on_training_run_start``."""
@@ -620,8 +546,6 @@ class Trainer:
         """The mean training loss of the epoch so far on this process (a device read: a sync point)."""
         return self.run_state.train_loss.average
 
-    # ------------------------------------------------------------------ processes and devices
-
     @property
     def accelerator(self) -> Accelerator:
         """The ``accelerate.Accelerator`` this Trainer runs on (read-only)."""
@@ -647,22 +571,17 @@ class Trainer:
         print_once_per_node(self._accelerator, *args, **kwargs)
 
     def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
-        """Concatenate ``tensor`` from every process along dim 0, lengths may differ (every process
-        must call this); see :func:`._internal.distributed.gather` for ``padding_value``."""
+        """Concatenate ``tensor`` from every process along dim 0 (see :func:`.distributed.gather`)."""
         return gather(self._accelerator, tensor, padding_value)
 
     def gather_for_metrics(self, data: Any) -> Any:
-        """Gather nested tensors (dicts, lists, tuples) from every process, each sample once; leaves
-        may differ in length along dim 0. During a padding batch of evaluation
-        (:attr:`eval_batch_is_padding`) this process adds no rows. Every process must call this."""
-        return gather_ragged(self._accelerator, data, padding=self._eval_batch_is_padding)
+        """Gather nested tensors from every process, each sample once (nothing from a padding batch)."""
+        return gather_ragged(self._accelerator, data, padding=self.loaders.eval_batch_is_padding)
 
     @property
     def eval_batch_is_padding(self) -> bool:
-        """True while an evaluation batch that only repeats a sample (to even out the processes'
-        batch counts) is evaluated: its loss is not counted and :meth:`gather_for_metrics`
-        gathers nothing from it. A metric updated on each process separately should skip it."""
-        return self._eval_batch_is_padding
+        """True while an evaluation batch only repeats a sample (to even out the processes' batches)."""
+        return self.loaders.eval_batch_is_padding
 
     def any_process(self, flag: bool | torch.Tensor) -> bool:
         """True on every process if ``flag`` is true on any (every process must call this)."""
@@ -674,8 +593,7 @@ class Trainer:
 
     @property
     def train_dataloader(self) -> Any:
-        """The prepared training loader of the current run; set in ``on_train_epoch_start``, a
-        replacement is used for that epoch."""
+        """The prepared training loader of the run (a replacement set in ``on_train_epoch_start`` is used)."""
         return self.loaders.train
 
     @train_dataloader.setter
@@ -684,8 +602,7 @@ class Trainer:
 
     @property
     def eval_dataloader(self) -> Any:
-        """The prepared evaluation loader of the current run or evaluation; set in
-        ``on_eval_epoch_start``, a replacement is used for that epoch."""
+        """The prepared evaluation loader (a replacement set in ``on_eval_epoch_start`` is used)."""
         return self.loaders.eval
 
     @eval_dataloader.setter
@@ -703,27 +620,14 @@ class Trainer:
         *,
         padding_value: float = 0,
     ) -> Any:
-        """Return the model's outputs for every sample of ``dataset``, in data-set order, on the CPU,
-        each sample once whatever the number of processes; every process must call this. See
-        :func:`.prediction.predict` for the arguments and what is returned."""
-        check_predict_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value)
-        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
-        loader = runs.predict_loader(self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn)
-        batches, padding = self._eval_batches(loader), lambda: self._eval_batch_is_padding
-        step = self.calculate_predict_batch_outputs
-        return predict(
-            self._accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
+        """The model's outputs for every sample of ``dataset``, in order (see :func:`.prediction.predict`)."""
+        return runs.predict(
+            self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
         )
 
     def calculate_predict_batch_outputs(self, batch: Any) -> Any:
-        """Return the model's outputs for one batch of :meth:`predict`: ``model(**batch)`` for a
-        mapping, ``model(batch[0])`` for a tuple or list, else ``model(batch)``. Return tensors with
-        one row per sample along dim 0 (e.g. ``outputs.logits``); see :func:`.prediction.predict`."""
-        if isinstance(batch, Mapping):
-            return self.model(**batch)
-        if isinstance(batch, (tuple, list)):
-            return self.model(batch[0])
-        return self.model(batch)
+        """Return the model's outputs for one batch of :meth:`predict` (one row per sample along dim 0)."""
+        return model_outputs(self.model, batch)
 
     def save_checkpoint(
         self,
@@ -735,8 +639,7 @@ class Trainer:
         *,
         model: nn.Module | None = None,
     ) -> None:
-        """Save the model (and optimizer, scheduler) with ``checkpoint_kwargs`` to one file, atomically;
-        every process must call this. See :func:`.checkpoints.model_files.save_checkpoint`."""
+        """Save the model (and optimizer, scheduler) in one file (see :func:`.model_files.save_checkpoint`)."""
         options = (save_optimizer, save_scheduler, save_per_node)
         model_files.save_checkpoint(runs.training_objects(self), save_path, checkpoint_kwargs, options, model)
 
@@ -748,8 +651,7 @@ class Trainer:
         *,
         model: nn.Module | None = None,
     ) -> dict[str, Any]:
-        """Load a file written by :meth:`save_checkpoint`, all or nothing, and return its whole dict.
-        See :func:`.checkpoints.model_files.load_checkpoint`."""
+        """Load a file written by :meth:`save_checkpoint` (see :func:`.model_files.load_checkpoint`)."""
         options = (load_optimizer, load_scheduler)
         return model_files.load_checkpoint(runs.training_objects(self), checkpoint_path, options, model)
 
@@ -760,9 +662,7 @@ class Trainer:
         *,
         asynchronous: bool = False,
     ) -> None:
-        """Save everything that decides the rest of the run into the directory ``output_dir``, now or
-        (``asynchronous``) in the background; every process must call this, between optimizer
-        updates. See :meth:`.checkpoints.store.TrainingStateStore.save`.
+        """Save all that decides the rest of the run in ``output_dir`` (see :meth:`.TrainingStateStore.save`).
 
         >>> import tempfile, torch
         >>> from pytorch_accelerated import Trainer
@@ -784,14 +684,11 @@ class Trainer:
         self.state_store.save(runs.training_objects(self), output_dir, checkpoint_kwargs, asynchronous)
 
     def wait_for_training_state(self) -> None:
-        """Wait until a state saved with ``asynchronous=True`` is published (raising its error if it
-        failed); every process must call this. See :meth:`.checkpoints.store.TrainingStateStore.wait`."""
+        """Wait for a state saved with ``asynchronous=True`` (see :meth:`.TrainingStateStore.wait`)."""
         self.state_store.wait()
 
     def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore a state saved by :meth:`save_training_state` (or the newest good one in a folder);
-        return ``{"current_epoch": E, **checkpoint_kwargs}``. ``train(resume_from=...)`` calls this
-        (so an override runs there too). See :meth:`.checkpoints.store.TrainingStateStore.load`."""
+        """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
         return self.state_store.load(runs.training_objects(self), input_dir)
 
 

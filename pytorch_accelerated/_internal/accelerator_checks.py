@@ -14,9 +14,11 @@ from accelerate.utils import DistributedType
 
 def has_accelerator_device() -> bool:
     accelerator_api = getattr(torch, "accelerator", None)
-    if accelerator_api is not None and hasattr(accelerator_api, "is_available"):
-        return bool(accelerator_api.is_available())
-    return torch.cuda.is_available()
+    return (
+        bool(accelerator_api.is_available())
+        if accelerator_api is not None and hasattr(accelerator_api, "is_available")
+        else torch.cuda.is_available()
+    )
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
@@ -44,7 +46,8 @@ def check_accelerator(accelerator: Accelerator) -> None:
             f"train(gradient_accumulation_steps=...) instead."
         )
     for message in (unavailable_precision_message(accelerator), dropped_fsdp_message(accelerator)):
-        warn_on_first_process(accelerator, message)
+        if message is not None and accelerator.is_local_main_process:  # once per machine
+            warnings.warn(message, UserWarning, stacklevel=3)  # the line that created the Trainer
 
 
 #: Where accelerate hands mixed precision to another engine (its own config decides).
@@ -73,13 +76,6 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
         f"--mixed_precision bf16`, or Accelerator(mixed_precision='bf16') in _create_accelerator); "
         f"fp16 needs a GPU."
     )
-
-
-def warn_on_first_process(accelerator: Accelerator, message: str | None) -> None:
-    """Warn with ``message`` (when there is one) once per machine, on its first process: a
-    configuration that was asked for but cannot run here."""
-    if message is not None and accelerator.is_local_main_process:
-        warnings.warn(message, UserWarning, stacklevel=4)  # the line that created the Trainer
 
 
 def fsdp_requested() -> bool:

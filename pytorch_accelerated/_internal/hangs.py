@@ -48,9 +48,9 @@ def describe_position(handler: Any, progress: Any) -> str:
 def is_collective_failure(error: BaseException) -> bool:
     """True for the errors torch raises when a collective operation times out or loses a peer."""
     dist_error = getattr(torch.distributed, "DistError", None)
-    if dist_error is not None and isinstance(error, dist_error):
-        return True
-    return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _COLLECTIVE_FAILURES)
+    return (dist_error is not None and isinstance(error, dist_error)) or (
+        isinstance(error, RuntimeError) and any(marker in str(error) for marker in _COLLECTIVE_FAILURES)
+    )
 
 
 def explain_collective_failure(accelerator: Any, where: str, error: BaseException) -> None:

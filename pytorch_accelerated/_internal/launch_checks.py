@@ -71,8 +71,9 @@ def launch_to_check() -> Launch | None:
     (``torchrun``, ``accelerate launch --multi_gpu``, ``notebook_launcher``), a process group
     that already exists,
     or an environment without the four variables (accelerate then says what is missing)."""
-    names = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
-    values = [os.environ.get(name, "").strip() for name in names]
+    values = [
+        os.environ.get(name, "").strip() for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+    ]
     if not all(values) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return None
     if not torch.distributed.is_available() or torch.distributed.is_initialized():

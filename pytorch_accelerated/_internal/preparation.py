@@ -70,9 +70,12 @@ def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bo
     """
     prepared = accelerator.prepare(optimizer)
     direct = accelerate_steps_pass_through(accelerator)
-    if direct and isinstance(prepared, AcceleratedOptimizer):
-        return prepared.optimizer, True
-    return prepared, direct  # not a torch optimizer (stepped as it is), or accelerate's path
+    # (prepared, direct): not a torch optimizer (stepped as it is), or accelerate's path
+    return (
+        (prepared.optimizer, True)
+        if direct and isinstance(prepared, AcceleratedOptimizer)
+        else (prepared, direct)
+    )
 
 
 def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The process group the Trainer's Accelerator creates: its collective timeout, a value every
+"""The Trainer's default Accelerator and the process group it creates: its collective timeout, a value every
 process agrees on, and its destruction when the interpreter exits."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from datetime import timedelta
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
+
+from .accelerator_checks import has_accelerator_device
 
 #: How long a process waits in a collective operation (all-reduce, barrier, ...) for the others
 #: before it fails, unless ``PT_ACC_COLLECTIVE_TIMEOUT`` says otherwise (torch's own default is
@@ -51,6 +53,16 @@ def process_group_kwargs() -> list[InitProcessGroupKwargs]:
     return [InitProcessGroupKwargs(timeout=timedelta(seconds=collective_timeout_s()))]
 
 
+def default_accelerator() -> Accelerator:
+    """The Trainer's Accelerator (configured by ``accelerate config`` / ``launch`` / the environment as
+    usual): collectives time out after :func:`collective_timeout_s`, and a group of processes
+    launched on a machine with no accelerator forms a CPU (gloo) group."""
+    launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(
+        cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
+    )
+
+
 def shared_random_seed(accelerator: Accelerator) -> int:
     """A random seed, the same on every process: process 0 draws it for all."""
     drawn = [int(torch.randint(0, 2**31 - 1, ()).item())]
@@ -62,15 +74,16 @@ def shared_random_seed(accelerator: Accelerator) -> int:
 _cleanup_registered = False
 
 
-def destroy_process_group_at_exit() -> None:
-    """Destroy the process group when the interpreter exits, once per process.
+def destroy_process_group_at_exit(accelerator: Accelerator) -> None:
+    """Destroy the process group of ``accelerator`` (if it has several processes) when the
+    interpreter exits, once per process.
 
     Left alive, gloo's threads are still running when the interpreter tears down, and the
     process can abort ("terminate called without an active exception") after a successful
     run, so that the launcher reports a failure.
     """
     global _cleanup_registered
-    if not _cleanup_registered:
+    if accelerator.num_processes > 1 and not _cleanup_registered:
         atexit.register(_destroy_process_group)
         _cleanup_registered = True
 

@@ -64,15 +64,15 @@ def check_trainer_arguments(model: Any, loss_func: Any, optimizer: Any) -> None:
 
 def is_optimizer_like(optimizer: Any) -> bool:
     """A torch optimizer, accelerate's ``DummyOptim``, or anything with ``step`` and ``zero_grad``."""
-    if isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)):
-        return True
-    return callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
+    return isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)) or (
+        callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
+    )
 
 
 def check_positive_number(value: Any, name: str) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
         raise ValueError(f"{name} must be a number > 0 or None, got {value!r}.")
 
 
@@ -126,28 +126,18 @@ def check_seed(seed: Any) -> None:
 
 
 def check_dataloader_kwargs(kwargs: Any, name: str) -> None:
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, Mapping):
+    if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(
             f"{name} must be a dict of DataLoader arguments (or None), got {type(kwargs).__name__}: "
             f"{kwargs!r}. E.g. {name}={{'batch_size': 4}}."
         )
-    if "batch_size" in kwargs:
+    if kwargs is not None and "batch_size" in kwargs:
         check_whole_number(kwargs["batch_size"], f"{name}['batch_size']", optional=True)
 
 
 def check_flag(value: Any, name: str) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
-
-
-def check_resume_from(resume_from: Any) -> None:
-    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
-        raise TypeError(
-            f"resume_from must be a path (str or os.PathLike) to a training state or a folder of "
-            f"them, or None; got {resume_from!r} ({type(resume_from).__name__})."
-        )
 
 
 def check_collate_fn(collate_fn: Any) -> None:
@@ -202,19 +192,16 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
     before it starts) when the resumed state already reached ``num_epochs`` or
     ``max_num_train_steps``, so that nothing would be trained."""
     limit = config.train_steps_limit
-    if limit is not None:
-        if progress.global_step < limit and progress.epoch < config.num_epochs:
-            return
-        updates = f"{progress.global_step} optimizer update" + ("s" if progress.global_step != 1 else "")
-        done, setting, value = updates, "max_num_train_steps", limit
-    else:
-        if progress.epoch < config.num_epochs:
-            return
-        epochs = f"{progress.epoch} epoch" + ("s" if progress.epoch != 1 else "")
-        done, setting, value = epochs, "num_epochs", config.num_epochs
+    if progress.epoch < config.num_epochs and (limit is None or progress.global_step < limit):
+        return
+    count, unit, setting, value = (
+        (progress.global_step, "optimizer update", "max_num_train_steps", limit)
+        if limit is not None
+        else (progress.epoch, "epoch", "num_epochs", config.num_epochs)
+    )
     message = (
-        f"Nothing to train: the state resumed from {resume_from} already completed {done} "
-        f"({setting}={value}). Pass a larger {setting} to continue."
+        f"Nothing to train: the state resumed from {resume_from} already completed {count} {unit}"
+        f"{'s' if count != 1 else ''} ({setting}={value}). Pass a larger {setting} to continue."
     )
     warnings.warn(message, stacklevel=5)  # the caller of train()
     raise StopTrainingError(message)
@@ -249,7 +236,12 @@ def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, argument
     check_collate_fn(arguments["collate_fn"])
     check_seed(arguments["seed"])
     check_flag(arguments["reset_run_history"], "reset_run_history")
-    check_resume_from(arguments["resume_from"])
+    resume_from = arguments["resume_from"]
+    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+        raise TypeError(
+            f"resume_from must be a path (str or os.PathLike) to a training state or a folder of "
+            f"them, or None; got {resume_from!r} ({type(resume_from).__name__})."
+        )
     check_dataloader_kwargs(arguments["train_dataloader_kwargs"], "train_dataloader_kwargs")
     check_dataloader_kwargs(arguments["eval_dataloader_kwargs"], "eval_dataloader_kwargs")
 
@@ -287,14 +279,13 @@ def check_accumulation_supported(accelerator: Any, gradient_accumulation_steps: 
         return
     plugin = accelerator.deepspeed_plugin
     configured = plugin.deepspeed_config.get("gradient_accumulation_steps") if plugin is not None else None
-    if gradient_accumulation_steps == 1 and configured in (None, "auto", 1):
-        return
-    raise ValueError(
-        f"Gradient accumulation is not supported under DeepSpeed (train(gradient_accumulation_steps="
-        f"{gradient_accumulation_steps}), DeepSpeed config gradient_accumulation_steps={configured!r}): "
-        f"DeepSpeed's engine would update after every batch. Set gradient_accumulation_steps to 1 in "
-        f"both, and raise per_device_batch_size (or the number of processes) for more samples per update."
-    )
+    if gradient_accumulation_steps != 1 or configured not in (None, "auto", 1):
+        raise ValueError(
+            f"Gradient accumulation is not supported under DeepSpeed (train(gradient_accumulation_steps="
+            f"{gradient_accumulation_steps}), DeepSpeed config gradient_accumulation_steps={configured!r}): "
+            f"DeepSpeed's engine would update after every batch. Set gradient_accumulation_steps to 1 in "
+            f"both, and raise per_device_batch_size (or the number of processes) for more samples per update."
+        )
 
 
 def check_dataset(dataset: Any, name: str) -> None:

@@ -180,8 +180,9 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
     def _run_pending_intermediate(self, trainer: Trainer) -> None:
         if self._pending_intermediate:
             self._pending_intermediate = False
-            loss = self.evaluate_ema(trainer, is_intermediate=True)
-            trainer.run_history.update_metric(f"{EMA_METRIC_PREFIX}intermediate_eval_loss", loss)
+            trainer.run_history.update_metric(
+                f"{EMA_METRIC_PREFIX}intermediate_eval_loss", self.evaluate_ema(trainer, is_intermediate=True)
+            )
 
     def evaluate_ema(self, trainer: Trainer, is_intermediate: bool = False) -> float:
         """Evaluate the EMA weights on the evaluation data; metrics get the ``ema_model_`` prefix.

@@ -61,8 +61,7 @@ class StepBasedEvaluationCallback(TrainerCallback):
         global_step = trainer.progress.global_step
         # With gradient accumulation most batches end without an update: evaluate only after one.
         if is_update_step and every(self.eval_every_n_steps, global_step):
-            loss = trainer.run_eval_epoch(is_intermediate=True)
-            trainer.run_history.update_metric(self.LOSS_METRIC, loss)
+            trainer.run_history.update_metric(self.LOSS_METRIC, trainer.run_eval_epoch(is_intermediate=True))
             trainer.run_history.update_metric(self.STEP_METRIC, global_step)
 
 

@@ -94,9 +94,11 @@ class MetricWatchingCallback(TrainerCallback):
             return False
         if self.best_metric is None:
             return True
-        if self.greater_is_better:
-            return value > self.best_metric + self.threshold
-        return value < self.best_metric - self.threshold
+        return (
+            value > self.best_metric + self.threshold
+            if self.greater_is_better
+            else value < self.best_metric - self.threshold
+        )
 
     def agree_improvement(self, trainer: Trainer, value: float) -> bool:
         """The main process's :meth:`is_improvement`, shared with every process (collective)."""
@@ -110,16 +112,13 @@ class MetricWatchingCallback(TrainerCallback):
         self._keep_loaded_state = True
 
     def _unknown_metric_message(self, recorded: list[str]) -> str:
-        if self.watch_metric.endswith("eval_loss_epoch"):
-            hint = (
-                f"{self.watch_metric!r} is recorded only when there is an evaluation epoch: pass "
-                f"eval_dataset to trainer.train(...), or watch one of the recorded metrics."
-            )
-        else:
-            hint = (
-                "Record it with trainer.run_history.update_metric(...) in a callback placed before "
-                "this one, or watch one of the recorded metrics."
-            )
+        hint = (
+            f"{self.watch_metric!r} is recorded only when there is an evaluation epoch: pass "
+            f"eval_dataset to trainer.train(...), or watch one of the recorded metrics."
+            if self.watch_metric.endswith("eval_loss_epoch")
+            else "Record it with trainer.run_history.update_metric(...) in a callback placed before "
+            "this one, or watch one of the recorded metrics."
+        )
         return (
             f"{type(self).__name__} watches the metric {self.watch_metric!r}, but it was never "
             f"recorded; the recorded metrics are {recorded}. {hint}"

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from .._internal.validation import check_flag, check_whole_number
 from .events import TrainerCallback
+from .trackers import as_float
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -43,15 +41,6 @@ Points = list[tuple[int, float]]
 
 def _is_lr(name: str) -> bool:
     return name == "lr" or name.startswith("lr_group_")
-
-
-def _as_float(value: Any) -> float | None:
-    """``value`` as a float, or None when it is not one number (such values are not drawn)."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.detach().reshape(()))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _check_path(path: str | os.PathLike) -> Path:
@@ -149,14 +138,10 @@ class PlotRunCallback(TrainerCallback):
         self._counts_pending = True
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._complete_counts(trainer)
-
-    def _complete_counts(self, trainer: Trainer) -> None:
         """Count the values recorded since the last epoch's training ended (its evaluation, and
         every callback at its end, whatever their order) as that epoch's."""
         if self._counts_pending and self._epoch_ends:
-            step, _ = self._epoch_ends[-1]
-            self._epoch_ends[-1] = (step, trainer.run_history.metric_counts())
+            self._epoch_ends[-1] = (self._epoch_ends[-1][0], trainer.run_history.metric_counts())
         self._counts_pending = False
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -190,8 +175,9 @@ class PlotRunCallback(TrainerCallback):
                 name: self._step_points(trainer, name) for name in trainer.run_history.get_step_metric_names()
             },
         }
-        loss = {label: series[kind].pop(name, []) for name, kind, label in LOSS_CURVES}
-        panels = {LOSS_TITLE: _drawn(loss)}
+        panels = {
+            LOSS_TITLE: _drawn({label: series[kind].pop(name, []) for name, kind, label in LOSS_CURVES})
+        }
         learning_rates = _drawn(
             {name: series["step"].pop(name) for name in sorted(series["step"]) if _is_lr(name)}
         )
@@ -209,19 +195,23 @@ class PlotRunCallback(TrainerCallback):
         """Each value of epoch metric ``name`` at the step of the epoch end that first saw it
         (a value recorded since the last epoch end, e.g. in a stopped epoch, at the current step)."""
         values = trainer.run_history.get_metric_values(name)
-        points = []
-        for index in range(self._first["epoch"].get(name, 0), len(values)):
-            ends = (step for step, counts in self._epoch_ends if counts.get(name, 0) > index)
-            value = _as_float(values[index])
-            if value is not None:
-                points.append((next(ends, trainer.progress.global_step), value))
-        return points
+        return [
+            (
+                next(
+                    (step for step, counts in self._epoch_ends if counts.get(name, 0) > index),
+                    trainer.progress.global_step,
+                ),
+                value,
+            )
+            for index in range(self._first["epoch"].get(name, 0), len(values))
+            if (value := as_float(values[index])) is not None
+        ]
 
     def _step_points(self, trainer: Trainer, name: str) -> Points:
         points = trainer.run_history.get_step_metric_values(name)[self._first["step"].get(name, 0) :]
         return [
             (step, value)
-            for step, value in ((step, _as_float(value)) for step, value in points)
+            for step, value in ((step, as_float(value)) for step, value in points)
             if value is not None
         ]
 
@@ -240,7 +230,7 @@ class PlotRunCallback(TrainerCallback):
         partial = self.path.with_name(f".{self.path.name}.partial")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._draw(panels, self._epoch_end_steps()).savefig(
+            self._draw(panels, sorted({step for step, _ in self._epoch_ends})).savefig(
                 partial, format="png", dpi=self.dpi, metadata={"Panels": json.dumps(self.panel_titles)}
             )
             os.replace(partial, self.path)
@@ -252,9 +242,6 @@ class PlotRunCallback(TrainerCallback):
                 f"folder can be created and written to (and that the disk has space).",
                 stacklevel=2,
             )
-
-    def _epoch_end_steps(self) -> list[int]:
-        return sorted({step for step, _ in self._epoch_ends})
 
     def _draw(self, panels: Mapping[str, Mapping[str, Points]], epoch_ends: Iterable[int]) -> Figure:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -273,8 +260,7 @@ class PlotRunCallback(TrainerCallback):
 def _draw_panel(axes: Axes, title: str, curves: Mapping[str, Points], epoch_ends: list[int]) -> None:
     for label, points in curves.items():
         steps, values = zip(*points, strict=True) if points else ((), ())
-        many = len(points) > 20
-        axes.plot(steps, values, "-" if many else "o-", label=label, markersize=4, linewidth=1.2)
+        axes.plot(steps, values, "-" if len(points) > 20 else "o-", label=label, markersize=4, linewidth=1.2)
     for step in epoch_ends:
         axes.axvline(step, color="0.85", linewidth=0.8, zorder=0)
     if not curves:

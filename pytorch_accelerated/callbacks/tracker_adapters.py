@@ -15,7 +15,19 @@ from typing import Any
 from accelerate.tracking import MLflowTracker, WandBTracker
 
 
-class LocalMLflowTracker(MLflowTracker):
+class _ResumedLog:
+    """``log`` leaves out the points a resumed run's tracker already holds (``written_steps``,
+    known on resume: see TrackingCallback)."""
+
+    written_steps: dict[str, int] | None = None
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        values = not_written_yet(values, step, self.written_steps)
+        if values:
+            super().log(values, step=step, **kwargs)  # type: ignore[misc]
+
+
+class LocalMLflowTracker(_ResumedLog, MLflowTracker):
     """accelerate's MLflow tracker, writing to a local store under ``logging_dir`` by default.
 
     The store is ``file:<logging_dir>/mlruns`` unless ``tracking_uri`` is given or
@@ -38,7 +50,6 @@ class LocalMLflowTracker(MLflowTracker):
         if tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI"):
             tracking_uri = (Path(logging_dir).absolute() / "mlruns").as_uri()
         self.tracking_uri = tracking_uri
-        self.written_steps: dict[str, int] | None = None  # known on resume: see TrackingCallback
         self._restore: dict[str, str | None] | None = None
 
     def start(self) -> None:
@@ -57,11 +68,6 @@ class LocalMLflowTracker(MLflowTracker):
             self._restore_global_state()  # not started, so finish() will not be called
             raise
 
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        values = not_written_yet(values, step, self.written_steps)
-        if values:
-            super().log(values, step=step, **kwargs)
-
     def finish(self) -> None:
         try:
             super().finish()
@@ -73,7 +79,11 @@ class LocalMLflowTracker(MLflowTracker):
 
         if self._restore is not None:
             mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None: back to unset (MLflow takes it)
-            _restore_environment(self._restore)
+            for name, value in self._restore.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             self._restore = None
 
 
@@ -82,19 +92,13 @@ def _mlflow_written_steps(run_id: str) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    names = client.get_run(run_id).data.metrics
-    return {name: max(metric.step for metric in client.get_metric_history(run_id, name)) for name in names}
+    return {
+        name: max(metric.step for metric in client.get_metric_history(run_id, name))
+        for name in client.get_run(run_id).data.metrics
+    }
 
 
-def _restore_environment(values: Mapping[str, str | None]) -> None:
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-class ResumableWandBTracker(WandBTracker):
+class ResumableWandBTracker(_ResumedLog, WandBTracker):
     """accelerate's Weights & Biases tracker (``wandb.init`` keyword arguments as ``kwargs``;
     ``dir`` is created first), continuing a run resumed with ``id`` and ``resume="allow"``.
 
@@ -103,10 +107,6 @@ class ResumableWandBTracker(WandBTracker):
     inspect``) are not logged again, per metric, so that syncing every directory gives each
     point once. Online, W&B itself continues the run's step and ignores lower steps.
     """
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__(run_name, **kwargs)
-        self.written_steps: dict[str, int] | None = None  # known on resume: see TrackingCallback
 
     def start(self) -> None:
         directory = self.init_kwargs.get("dir")
@@ -127,11 +127,6 @@ class ResumableWandBTracker(WandBTracker):
         import wandb
 
         wandb.config.update(values, allow_val_change=True)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        values = not_written_yet(values, step, self.written_steps)
-        if values:
-            super().log(values, step=step, **kwargs)
 
 
 def wandb_offline_records(run_file: Path) -> list[dict[str, Any]]:
@@ -167,6 +162,8 @@ def not_written_yet(
 ) -> dict[str, Any]:
     """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
     MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
-    if step is None or not written_steps:
-        return values
-    return {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
+    return (
+        values
+        if step is None or not written_steps
+        else {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
+    )

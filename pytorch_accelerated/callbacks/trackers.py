@@ -31,17 +31,22 @@ if TYPE_CHECKING:
 __all__ = ["TrackingCallback"]
 
 
-def number(name: str, value: Any) -> float:
-    """``value`` as a float; a value that is not a number is an error naming the metric."""
+def as_float(value: Any) -> float | None:
+    """``value`` as a float, or None when it is not one number."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value.detach().reshape(()))  # a device read: only at logging points
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    raise TypeError(
-        f"TrackingCallback cannot log metric {name!r}: its value {value!r} ({type(value).__name__}) "
-        f"is not a number. Trackers take numbers (a float, an int or a one-element tensor); record "
-        f"other values elsewhere, or log them with the tracker's own API."
-    )
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+
+
+def number(name: str, value: Any) -> float:
+    """``value`` as a float; a value that is not a number is an error naming the metric."""
+    if (result := as_float(value)) is None:
+        raise TypeError(
+            f"TrackingCallback cannot log metric {name!r}: its value {value!r} ({type(value).__name__}) "
+            f"is not a number. Trackers take numbers (a float, an int or a one-element tensor); record "
+            f"other values elsewhere, or log them with the tracker's own API."
+        )
+    return result
 
 
 def flat_hyperparameters(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,10 +56,8 @@ def flat_hyperparameters(values: Mapping[str, Any], prefix: str = "") -> dict[st
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flat_hyperparameters(value, f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
         else:
-            flat[name] = str(value) if value is not None else "None"
+            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
     return flat
 
 
@@ -142,8 +145,7 @@ class TrackingCallback(TrainerCallback):
         self._epoch_points = [
             (point_step, dict(values)) for point_step, values in state.get("epoch_points", [])
         ]
-        saved_trackers = state.get("trackers", [])
-        self._start_trackers(trainer, resume={"step": step, "states": saved_trackers})
+        self._start_trackers(trainer, resume={"step": step, "states": state.get("trackers", [])})
         last = state.get("last_points", {"step": None, "values": {}})
         if last.get("step") == step and last.get("values"):
             self._log(last["values"], step, removed_only=True)  # the saved step's own points

@@ -158,10 +158,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     def _honour_signal_after_last_step(self, trainer: Trainer) -> None:
         """A signal that arrived after the last check (the last step, the end save): the state
         saved at the end covers it (one is saved now if ``save_at_end`` is off); say so."""
-        if self._stopped_by_signal:
-            return
-        signum = self._agreed_signal(trainer)
-        if signum is None:
+        if self._stopped_by_signal or (signum := self._agreed_signal(trainer)) is None:
             return
         if self._watchdog is not None:
             self._watchdog.settle()
@@ -205,8 +202,11 @@ class SaveTrainingStateCallback(TrainerCallback):
         ]
         return received[0] if received else None
 
-    def _stop(self, trainer: Trainer, signum: int, directory_name: str | None = None) -> None:
-        """Save the state here (unless it just was) and end the run cleanly, on every process."""
+    def _stop_on(self, trainer: Trainer, signum: int | None, directory_name: str | None = None) -> None:
+        """On a signal (``signum`` not None): save the state here (unless it just was) and end the
+        run cleanly, on every process."""
+        if signum is None:
+            return
         if self._watchdog is not None:
             self._watchdog.settle()
         self._stopped_by_signal = True
@@ -228,9 +228,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         global_step = trainer.progress.global_step
         if every(self.save_every_n_steps, global_step):
             self._save_here(trainer, f"step_{global_step}", asynchronous=self.asynchronous)
-        signum = self._agreed_signal(trainer, global_step)
-        if signum is not None:
-            self._stop(trainer, signum)
+        self._stop_on(trainer, self._agreed_signal(trainer, global_step))
 
     def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         self._eval_batches = 0
@@ -240,25 +238,21 @@ class SaveTrainingStateCallback(TrainerCallback):
         # (an intermediate evaluation inside an accumulation window waits for the update).
         self._eval_batches += 1
         if self._previous_handlers and self._at_update_boundary(trainer):
-            signum = self._agreed_signal(trainer, self._eval_batches)
-            if signum is not None:
-                self._stop(trainer, signum)
+            self._stop_on(trainer, self._agreed_signal(trainer, self._eval_batches))
 
     @staticmethod
     def _at_update_boundary(trainer: Trainer) -> bool:
         config, index = trainer.run_config, trainer.progress.batch_index
-        if config is None:
-            return False
         # The epoch's training is done (its last window, however short, ended with an update).
-        return index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
+        return config is not None and (
+            index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
+        )
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
         if every(self.save_every_n_epochs, epoch):
             self._save_here(trainer, f"epoch_{epoch}", asynchronous=self.asynchronous)
-        signum = self._agreed_signal(trainer)
-        if signum is not None:
-            self._stop(trainer, signum, f"epoch_{epoch}")
+        self._stop_on(trainer, self._agreed_signal(trainer), f"epoch_{epoch}")
 
     # ------------------------------------------------------------------ saving
 
@@ -339,13 +333,9 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
         path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True
     ]
     protected = {just_saved, *finite[-1:]}
-    excess = len(states) - keep
-    for path in states:
-        if excess <= 0:
-            return
-        if path not in protected:
-            shutil.rmtree(path, ignore_errors=True)
-            excess -= 1
+    # the oldest unprotected states, as many as there are states beyond ``keep``
+    for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _save_order(state: Path) -> tuple[int, int]:

@@ -137,8 +137,11 @@ class WSDCheckpointCallback(TrainerCallback):
             loaded = _load_state_keeping_position(trainer, path)  # restores this callback's state too
             self.saved_checkpoints = saved
         else:
-            continuation = bool(getattr(scheduler, "is_continuation_from_checkpoint", False))
-            loaded = trainer.load_checkpoint(path, load_optimizer=True, load_scheduler=not continuation)
+            loaded = trainer.load_checkpoint(
+                path,
+                load_optimizer=True,
+                load_scheduler=not bool(getattr(scheduler, "is_continuation_from_checkpoint", False)),
+            )
             if callable(getattr(scheduler, "step_update", None)):
                 # The optimizer state brought its own learning rates: apply the schedule's again.
                 scheduler.step_update(self._scheduler_step(trainer))
@@ -234,10 +237,9 @@ def _decay_info(scheduler: Any, checkpoint_steps: list[int]) -> list[dict[str, i
     if not callable(getattr(scheduler, "get_decay_start_steps", None)):
         return []
     starts = [int(step) for step in scheduler.get_decay_start_steps()]
-    previous = [0, *checkpoint_steps[:-1]]
     return [
         {"period_start": begin, "period_end": end, "decay_steps": end - start, "pre_decay_step": start}
-        for begin, end, start in zip(previous, checkpoint_steps, starts, strict=True)
+        for begin, end, start in zip([0, *checkpoint_steps[:-1]], checkpoint_steps, starts, strict=True)
     ]
 
 

@@ -69,8 +69,9 @@ def _copy_tensor(
             storages[key] = buffer.copy_(storage)
         else:
             storages[key] = storage.clone() if storage.device.type == "cpu" else storage.cpu()
-    copy = torch.empty(0, dtype=tensor.dtype)
-    return copy.set_(storages[key], tensor.storage_offset(), tensor.size(), tensor.stride())
+    return torch.empty(0, dtype=tensor.dtype).set_(
+        storages[key], tensor.storage_offset(), tensor.size(), tensor.stride()
+    )
 
 
 class BackgroundStateWrite:

@@ -125,9 +125,7 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
             manifest = json.load(file)
     except (OSError, ValueError):
         return None
-    if manifest.get("format") != FORMAT or not manifest.get("complete"):
-        return None
-    return manifest
+    return manifest if manifest.get("format") == FORMAT and manifest.get("complete") else None
 
 
 def list_files(directory: Path) -> list[str]:

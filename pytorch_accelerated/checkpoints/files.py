@@ -236,7 +236,12 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
             hint = _OTHER_FORMAT_HINT if problem.startswith(("is not", "is a zip")) else _BAD_FILE_HINT
             raise CheckpointFileError(f"{path} {problem}. {hint}") from error
         if isinstance(error, pickle.UnpicklingError) and _refused_for_code(path, error):
-            raise pickle.UnpicklingError(_unsafe_message(path, error)) from error
+            raise pickle.UnpicklingError(
+                f"Refused to load {str(path)!r}: it holds objects beyond tensors and plain data "
+                f"({_torch_reason(error)}), and checkpoints are only loaded with weights_only=True. Unpickling "
+                f"such a file can run arbitrary code: load it with torch.load(..., weights_only=False) only if "
+                f"you created it yourself or fully trust where it came from."
+            ) from error
         raise CheckpointFileError(
             f"{path} could not be loaded: {_torch_reason(error)}. {_BAD_FILE_HINT}"
         ) from error
@@ -296,11 +301,9 @@ def _legacy_pickle(path: Path) -> bytes | None:
     with open(path, "rb") as file:
         try:
             for _ in range(3):  # the magic number, the protocol version, the system information
-                for _ in pickletools.genops(file):
-                    pass
+                list(pickletools.genops(file))
             begin = file.tell()
-            for _ in pickletools.genops(file):
-                pass
+            list(pickletools.genops(file))
         except (ValueError, EOFError):
             return None
         end = file.tell()
@@ -334,20 +337,10 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
         return False
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
-            record = next(name for name in archive.namelist() if name.endswith("/data.pkl"))
-            data = archive.read(record)
+            data = archive.read(next(name for name in archive.namelist() if name.endswith("/data.pkl")))
     else:
         data = _legacy_pickle(path) or b""
     return any(opcode.name in _CODE_OPCODES for opcode, _, _ in pickletools.genops(data))
-
-
-def _unsafe_message(path: Path, error: pickle.UnpicklingError) -> str:
-    return (
-        f"Refused to load {str(path)!r}: it holds objects beyond tensors and plain data "
-        f"({_torch_reason(error)}), and checkpoints are only loaded with weights_only=True. Unpickling "
-        f"such a file can run arbitrary code: load it with torch.load(..., weights_only=False) only if "
-        f"you created it yourself or fully trust where it came from."
-    )
 
 
 def _torch_reason(error: BaseException) -> str:

@@ -116,15 +116,16 @@ class PlainLayout(StateLayout):
         """What this process writes, by file name: its RNG states and share of the epoch's loss;
         with ``shared`` (the writing process: ``weights``' files), also those, the objects saved
         whole and ``trainer_state.pt``."""
-        mid_epoch = position["batch_index"] > 0
-        own = {"rng": capture_rng_states(), **objects.run_state.process_state_dict(mid_epoch)}
+        own = {
+            "rng": capture_rng_states(),
+            **objects.run_state.process_state_dict(position["batch_index"] > 0),
+        }
         contents: dict[str, Any] = {f"rng_state_{objects.accelerator.process_index}.pt": own}
         if shared is not None:
             contents.update(shared)
-            stateful = objects.stateful().items()
             contents.update(
                 (name, obj.state_dict())
-                for name, obj in stateful
+                for name, obj in objects.stateful().items()
                 if obj is not None and name not in self.replaced_files
             )
             contents["trainer_state.pt"] = trainer_state(objects, position, extra)
@@ -273,9 +274,13 @@ class OriginalLayout(StateLayout):
         for name, state in states.items():
             state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
         steps = objects.run_config.num_update_steps_per_epoch if objects.run_config is not None else None
-        progress = {"epoch": saved.current_epoch - 1, "global_step": (saved.current_epoch - 1) * (steps or 0)}
         state = {
-            "progress": {**progress, "batch_index": 0, "epoch_step": 0},
+            "progress": {
+                "epoch": saved.current_epoch - 1,
+                "global_step": (saved.current_epoch - 1) * (steps or 0),
+                "batch_index": 0,
+                "epoch_step": 0,
+            },
             "run_history": None,  # not saved: the run's own history goes on
             "callbacks": None,  # not saved
             "checkpoint_kwargs": saved.checkpoint_kwargs,
@@ -326,8 +331,7 @@ def layout_of(directory: Path) -> StateLayout:
     """The layout of the state in ``directory`` (whose manifest, if any, says how it was written)."""
     if original_states.is_original_state(directory):
         return OriginalLayout()
-    manifest = read_manifest(directory) or {}
-    return ShardedLayout() if manifest.get("sharded") is not None else PlainLayout()
+    return ShardedLayout() if (read_manifest(directory) or {}).get("sharded") is not None else PlainLayout()
 
 
 def load_objects(saved: dict[str, Any], objects: TrainingObjects) -> None:

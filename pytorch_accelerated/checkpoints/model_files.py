@@ -51,8 +51,9 @@ def save_checkpoint(
         sharded.refuse_fsdp1_optimizer(accelerator, objects.optimizer, "save_checkpoint", "save_optimizer")
     source = objects.model if model is None else model
     loss_total = objects.run_state.train_loss.running_total
-    what = f"the checkpoint {str(save_path)!r}"
-    finite.check_finite_before_save(accelerator, source, loss_total, objects.progress.global_step, what)
+    finite.check_finite_before_save(
+        accelerator, source, loss_total, objects.progress.global_step, f"the checkpoint {str(save_path)!r}"
+    )
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     reserved = _RESERVED & set(extra)
     if reserved:
@@ -65,9 +66,8 @@ def save_checkpoint(
     # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
     checkpoint: dict[str, Any] = {"model_state_dict": state_checks.without_compile_prefix(model_state)}
     if save_optimizer and objects.optimizer is not None:
-        plain = objects.plain_model(keep_torch_compile=False)
         checkpoint["optimizer_state_dict"] = sharded.full_optimizer_state(
-            plain, objects.optimizer, everywhere
+            objects.plain_model(keep_torch_compile=False), objects.optimizer, everywhere
         )
     if save_scheduler and objects.scheduler is not None:
         checkpoint["scheduler_state_dict"] = objects.scheduler.state_dict()
@@ -124,8 +124,9 @@ def load_checkpoint(
         state_checks.check_object_state(wanted[key][1], state, f"{checkpoint_path} ({key})")
     sharded.load_full_model_state(target, model_state)
     if "optimizer_state_dict" in states:
-        plain = objects.plain_model(keep_torch_compile=False)
-        sharded.load_full_optimizer_state(plain, optimizer, states["optimizer_state_dict"])
+        sharded.load_full_optimizer_state(
+            objects.plain_model(keep_torch_compile=False), optimizer, states["optimizer_state_dict"]
+        )
     if "scheduler_state_dict" in states:
         scheduler.load_state_dict(states["scheduler_state_dict"])
     return checkpoint

@@ -46,8 +46,12 @@ class BatchSettings:
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> BatchSettings:
         """The settings a manifest records (0 for one saved outside a training run)."""
-        keys = ("num_processes", "per_device_batch_size", "gradient_accumulation_steps")
-        return cls(*(int(manifest.get(key) or 0) for key in keys))
+        return cls(
+            *(
+                int(manifest.get(key) or 0)
+                for key in ("num_processes", "per_device_batch_size", "gradient_accumulation_steps")
+            )
+        )
 
     @property
     def global_batch(self) -> int:
@@ -157,9 +161,11 @@ def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: 
 
 def _summed(shares: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     present = [share for share in shares if share is not None]
-    if not present:
-        return None
-    return {
-        "total": sum((share["total"] for share in present), 0.0),
-        "count": sum((share["count"] for share in present), 0),
-    }
+    return (
+        {
+            "total": sum((share["total"] for share in present), 0.0),
+            "count": sum((share["count"] for share in present), 0),
+        }
+        if present
+        else None
+    )

@@ -77,21 +77,27 @@ def torch_optimizer(optimizer: Any) -> Any:
 
 
 def _holds_shards(optimizer: Any) -> bool:
-    groups = torch_optimizer(optimizer).param_groups
-    return any(is_dtensor(parameter) for group in groups for parameter in group["params"])
+    return any(
+        is_dtensor(parameter)
+        for group in torch_optimizer(optimizer).param_groups
+        for parameter in group["params"]
+    )
 
 
 def refuse_fsdp1_optimizer(accelerator: Any, optimizer: Any, method: str, argument: str) -> None:
     """Refuse, before anything is read or written, to move a whole optimizer state in or out of
     FSDP version 1, whose optimizer holds flattened shards: only FSDP2's is gathered here."""
-    if optimizer is None or accelerator.distributed_type != DistributedType.FSDP or accelerator.is_fsdp2:
-        return
-    raise ValueError(
-        f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
-        f"fsdp_version=1), whose optimizer holds flattened shards; only FSDP2's is supported. Use FSDP2 "
-        f"(FullyShardedDataParallelPlugin(fsdp_version=2), or `accelerate launch --use_fsdp --fsdp_version 2`), "
-        f"or pass {method}(..., {argument}=False); save_training_state saves the sharded optimizer state."
-    )
+    if (
+        optimizer is not None
+        and accelerator.distributed_type == DistributedType.FSDP
+        and not accelerator.is_fsdp2
+    ):
+        raise ValueError(
+            f"{method} cannot move the whole optimizer state under FSDP version 1 (accelerate's "
+            f"fsdp_version=1), whose optimizer holds flattened shards; only FSDP2's is supported. Use FSDP2 "
+            f"(FullyShardedDataParallelPlugin(fsdp_version=2), or `accelerate launch --use_fsdp --fsdp_version 2`), "
+            f"or pass {method}(..., {argument}=False); save_training_state saves the sharded optimizer state."
+        )
 
 
 def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> dict[str, Any]:
@@ -102,8 +108,12 @@ def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> di
         return cast(dict[str, Any], accelerator.get_state_dict(model))
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    plain = registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False))
-    return _on_cpu(get_model_state_dict(plain, options=StateDictOptions(full_state_dict=True)))
+    return _on_cpu(
+        get_model_state_dict(
+            registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False)),
+            options=StateDictOptions(full_state_dict=True),
+        )
+    )
 
 
 def _on_cpu(value: Any) -> Any:
@@ -126,9 +136,10 @@ def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: boo
         return cast(dict[str, Any], optimizer.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     state = get_optimizer_state_dict(
-        registered_shards(plain_model), torch_optimizer(optimizer), options=options
+        registered_shards(plain_model),
+        torch_optimizer(optimizer),
+        options=StateDictOptions(full_state_dict=True, cpu_offload=not everywhere),
     )
     return _numbered(_on_cpu(state) if everywhere else cast(dict[str, Any], state))
 
@@ -142,10 +153,13 @@ def _numbered(state: dict[str, Any]) -> dict[str, Any]:
     for group in state["param_groups"]:
         for name in group["params"]:
             numbers.setdefault(name, len(numbers))
-    groups = [
-        {**group, "params": [numbers[name] for name in group["params"]]} for group in state["param_groups"]
-    ]
-    return {"state": {numbers[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+    return {
+        "state": {numbers[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [numbers[name] for name in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
 
 
 def load_full_optimizer_state(plain_model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
@@ -268,8 +282,11 @@ def _write_errors(directory: Path) -> Iterator[None]:
                 reason = (os_error.strerror or str(os_error)) + (
                     f" (errno {os_error.errno})" if os_error.errno else ""
                 )
-                message = f"{reason} while process {', '.join(map(str, sorted(failures)))} wrote its shards into {directory}"
-                raise files.CheckpointWriteError(os_error.errno, message, directory) from error
+                raise files.CheckpointWriteError(
+                    os_error.errno,
+                    f"{reason} while process {', '.join(map(str, sorted(failures)))} wrote its shards into {directory}",
+                    directory,
+                ) from error
         raise files.write_failure(error, directory) from error
 
 
@@ -364,10 +381,11 @@ _OTHER_GLOBALS = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        allowed = module in _DCP_METADATA_MODULES or (module, name) in _OTHER_GLOBALS
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if not allowed:
+        if not (
+            module in _DCP_METADATA_MODULES
+            or (module, name) in _OTHER_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             raise pickle.UnpicklingError(
                 f"it names {module}.{name}, which is not part of torch.distributed.checkpoint's metadata"
             )
@@ -422,12 +440,15 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
     ``model``'s parameters, in as many parameter groups as ``optimizer`` has."""
     entries = metadata.state_dict_metadata
     if any(key.startswith("model.") for key in entries):
-        shapes = {
-            key[len("model.") :]: torch.empty(tuple(value.size), device="meta")
-            for key, value in entries.items()
-            if key.startswith("model.")
-        }
-        state_checks.check_model_state(model, shapes, str(directory))
+        state_checks.check_model_state(
+            model,
+            {
+                key[len("model.") :]: torch.empty(tuple(value.size), device="meta")
+                for key, value in entries.items()
+                if key.startswith("model.")
+            },
+            str(directory),
+        )
     if optimizer is None or not any(key.startswith("optimizer.") for key in entries):
         return
     names = {name for name, _ in model.named_parameters()}

@@ -40,8 +40,11 @@ def read_process_state(
     saved_processes = manifest.get("num_processes")
     if num_processes is None or saved_processes in (None, num_processes):
         return _read_rank_file(directory, f"rng_state_{rank}.pt")
-    saved = [_read_rank_file(directory, f"rng_state_{index}.pt") for index in range(int(saved_processes))]
-    return reshard.remap_process_states(saved, rank, num_processes)
+    return reshard.remap_process_states(
+        [_read_rank_file(directory, f"rng_state_{index}.pt") for index in range(int(saved_processes))],
+        rank,
+        num_processes,
+    )
 
 
 def _read_rank_file(directory: Path, name: str) -> dict[str, Any]:
@@ -150,5 +153,4 @@ def check_object_state(target: Any, state: Any, source: str) -> None:
 
 
 def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")

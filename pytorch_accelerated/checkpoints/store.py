@@ -161,8 +161,10 @@ class TrainingStateStore:
         main = accelerator.is_main_process
         save, contents = self._begin(state, main), {}
         # The previous copy's memory is free again (it was waited for).
-        error = attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
-        save.agree(error or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir)))
+        save.agree(
+            attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
+            or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
+        )
         rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
         job = BackgroundStateWrite(
             state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
@@ -254,8 +256,10 @@ class TrainingStateStore:
         resume.restore_position(objects, loaded.trainer_state, loaded.process_state)
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
-        pending = {"callbacks": loaded.trainer_state["callbacks"], "rng": loaded.process_state["rng"]}
-        objects.run_state.pending_resume = pending
+        objects.run_state.pending_resume = {
+            "callbacks": loaded.trainer_state["callbacks"],
+            "rng": loaded.process_state["rng"],
+        }
         if not self._resuming:
             self.apply_pending_resume(objects.run_state, objects.callbacks)
         return {"current_epoch": loaded.saved_epoch, **loaded.trainer_state["checkpoint_kwargs"]}
@@ -318,8 +322,7 @@ class TrainingStateStore:
         if pending["rng"] is not None:
             restore_rng_states(pending["rng"])
             if RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
-                seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
-                set_seed(seed + int(pending["rng"][RESEED_KEY]))
+                set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(pending["rng"][RESEED_KEY]))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any
 
 import torch
@@ -20,6 +21,11 @@ _ORIGINAL_NAMES = {
     "warmup_lr_ratio": "warmup_starting_lr_ratio",
     "lr_min_ratio": "min_lr_ratio",
 }
+
+
+def _alias(name: str) -> property:
+    """A read-only attribute of 0.1.61's name for the attribute ``name``."""
+    return property(operator.attrgetter(name), doc=f"``{name}`` (0.1.61's name).")
 
 
 class CosineLrScheduler(StatefulSchedulerBase):
@@ -122,20 +128,12 @@ class CosineLrScheduler(StatefulSchedulerBase):
         """Return each param group's learning rate after ``num_updates`` optimizer updates."""
         return [self._value(num_updates, lr_max) for lr_max in self.base_lr_values]
 
-    total_iterations = property(lambda self: self.total_steps, doc="``total_steps`` (0.1.61's name).")
-    warmup_iterations = property(
-        lambda self: self.num_warmup_steps, doc="``num_warmup_steps`` (0.1.61's name)."
-    )
-    num_cooldown_iterations = property(
-        lambda self: self.num_cooldown_steps, doc="``num_cooldown_steps`` (0.1.61's name)."
-    )
-    warmup_lr_init = property(
-        lambda self: self.warmup_starting_lr, doc="``warmup_starting_lr`` (0.1.61's name)."
-    )
-    warmup_lr_ratio = property(
-        lambda self: self.warmup_starting_lr_ratio, doc="``warmup_starting_lr_ratio`` (0.1.61's name)."
-    )
-    lr_min_ratio = property(lambda self: self.min_lr_ratio, doc="``min_lr_ratio`` (0.1.61's name).")
+    total_iterations = _alias("total_steps")
+    warmup_iterations = _alias("num_warmup_steps")
+    num_cooldown_iterations = _alias("num_cooldown_steps")
+    warmup_lr_init = _alias("warmup_starting_lr")
+    warmup_lr_ratio = _alias("warmup_starting_lr_ratio")
+    lr_min_ratio = _alias("min_lr_ratio")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state of this version, or one saved by pytorch-accelerated 0.1.61.
@@ -155,8 +153,7 @@ class CosineLrScheduler(StatefulSchedulerBase):
             super().load_state_dict(state_dict)
             return
         state = {_ORIGINAL_NAMES.get(key, key): value for key, value in state_dict.items()}
-        counter = int(state.pop("num_updates", -1)) + 1
-        state.setdefault("_num_updates", counter)
+        state.setdefault("_num_updates", int(state.pop("num_updates", -1)) + 1)
         state["num_decay_steps"] = (
             state["total_steps"] - state["num_warmup_steps"] - state["num_cooldown_steps"]
         )
@@ -171,8 +168,9 @@ class CosineLrScheduler(StatefulSchedulerBase):
         # Return lr_min itself at and after the end of the decay, so the run ends on it exactly.
         if t_decay >= self.num_decay_steps:
             return lr_min
-        progress = (t_decay / self.num_decay_steps) ** self.k_decay
-        return lr_min + (lr_max - lr_min) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_min + (lr_max - lr_min) * 0.5 * (
+            1 + math.cos(math.pi * ((t_decay / self.num_decay_steps) ** self.k_decay))
+        )
 
     @staticmethod
     def _ratio_or(ratio: float | None, lr_max: float, value: float) -> float:
@@ -197,18 +195,7 @@ class CosineLrScheduler(StatefulSchedulerBase):
         values, so the schedule ends exactly when the run does. The other arguments are those of
         :class:`CosineLrScheduler`.
         """
-        return functools.partial(
-            cls,
-            total_num_epochs=total_num_epochs,
-            num_update_steps_per_epoch=num_update_steps_per_epoch,
-            k_decay=k_decay,
-            lr_min=lr_min,
-            min_lr_ratio=min_lr_ratio,
-            num_warmup_epochs=num_warmup_epochs,
-            warmup_starting_lr=warmup_starting_lr,
-            warmup_starting_lr_ratio=warmup_starting_lr_ratio,
-            num_cooldown_epochs=num_cooldown_epochs,
-        )
+        return functools.partial(cls, **{name: value for name, value in locals().items() if name != "cls"})
 
 
 def _optional_ratio(name: str, value: float | None) -> float | None:

@@ -134,14 +134,13 @@ class WSDLrScheduler(StatefulSchedulerBase):
             return self.warmup_starting_lr + (peak - self.warmup_starting_lr) * t / self._warmup_end
         if t >= self.total_steps:
             return peak * self.lr_min
-        period = self._period(t)
+        period = self.checkpoint_decay_info[self._period_index(t)]
         start, end = period["pre_decay_step"], period["period_end"]
-        if t <= start:
-            return peak
-        return _decayed(peak, self.lr_min, (t - start) / (end - start), self.use_inverse_sqrt_decay)
-
-    def _period(self, t: int) -> dict[str, int]:
-        return self.checkpoint_decay_info[self._period_index(t)]
+        return (
+            peak
+            if t <= start
+            else _decayed(peak, self.lr_min, (t - start) / (end - start), self.use_inverse_sqrt_decay)
+        )
 
     def _period_index(self, t: int) -> int:
         """The first period whose end is at or after ``t``; the last one beyond the run."""
@@ -195,12 +194,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
         step = check_int("step", num_updates, minimum=0)
         index = self._period_index(step)
         info: dict[str, Any] = dict(self.checkpoint_decay_info[index])
-        if step < self._warmup_end:
-            phase = "warmup"
-        elif step > info["pre_decay_step"]:
-            phase = "decay"
-        else:
-            phase = "stable"
+        phase = (
+            "warmup" if step < self._warmup_end else "decay" if step > info["pre_decay_step"] else "stable"
+        )
         info.update(
             phase=phase,
             checkpoint_index=index,
@@ -317,7 +313,8 @@ def estimate_checkpoint_steps(total_steps: int, num_checkpoints: int = 3) -> lis
     if num_checkpoints == 1:
         return [total_steps]
     last = num_checkpoints - 1
-    steps = [_round_half_up(total_steps * 0.25 * 4 ** (i / last)) for i in range(last)] + [total_steps]
+    # Rounded half up (math.floor(x + 0.5)): Python's round() rounds halves to even (round(2.5) == 2).
+    steps = [math.floor(total_steps * 0.25 * 4 ** (i / last) + 0.5) for i in range(last)] + [total_steps]
     if steps[0] < 1 or any(a >= b for a, b in zip(steps, steps[1:], strict=False)):
         raise ValueError(
             f"num_checkpoints={num_checkpoints} is too many for total_steps={total_steps}: the "
@@ -414,8 +411,9 @@ def _total_steps(num_epochs: Any, num_update_steps_per_epoch: Any, total_steps: 
             "Give the run length as total_steps, or as both num_epochs and "
             f"num_update_steps_per_epoch; {received}."
         )
-    epochs = check_int("num_epochs", num_epochs, minimum=1)
-    return epochs * check_int("num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1)
+    return check_int("num_epochs", num_epochs, minimum=1) * check_int(
+        "num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1
+    )
 
 
 def _check_decay_phase_ratio(value: Any) -> float:
@@ -427,8 +425,3 @@ def _check_decay_phase_ratio(value: Any) -> float:
             "of each period between checkpoints."
         )
     return float(value)
-
-
-def _round_half_up(value: float) -> int:
-    # Python's round() rounds halves to even (round(2.5) == 2); half up is what users expect.
-    return math.floor(value + 0.5)
