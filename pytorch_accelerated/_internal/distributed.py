@@ -6,6 +6,7 @@ and ``print`` are these, given its accelerator.
 from __future__ import annotations
 
 import builtins
+from contextlib import nullcontext
 from typing import Any, cast
 
 import torch
@@ -101,10 +102,9 @@ def ranks_where(accelerator: Accelerator, flag: bool | torch.Tensor) -> list[int
 def print_once_per_node(accelerator: Accelerator, *args: Any, **kwargs: Any) -> None:
     """``print`` on each node's main process, above any open tqdm progress bar (which is
     cleared first and redrawn below the text, so the text starts on a line of its own)."""
-    if not accelerator.is_local_main_process:
-        return
-    if not getattr(tqdm, "_instances", None):  # no bar drawn (tqdm does not list disabled bars)
-        builtins.print(*args, **kwargs)  # nothing to clear: skip tqdm's locks, as printed per epoch
-        return
-    with tqdm.external_write_mode(file=kwargs.get("file")):
-        builtins.print(*args, **kwargs)
+    if accelerator.is_local_main_process:
+        # With no bar drawn (tqdm does not list disabled bars) there is nothing to clear: skip
+        # tqdm's locks and its scan of the bars, which cost more than the print.
+        bars_drawn = getattr(tqdm, "_instances", None)
+        with tqdm.external_write_mode(file=kwargs.get("file")) if bars_drawn else nullcontext():
+            builtins.print(*args, **kwargs)

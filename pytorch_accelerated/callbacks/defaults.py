@@ -107,11 +107,11 @@ class TerminateOnNaNCallback(TrainerCallback):
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
         total = trainer.run_state.train_loss.running_total
-        if trainer.accelerator.num_processes == 1:  # nothing to agree on: one host read, no device op
-            non_finite = not math.isfinite(float(total))
-        else:
-            non_finite = trainer.any_process(non_finite_loss_flag(total))
-        if non_finite:
+        if (  # on one process there is nothing to agree on: one host read, no device op
+            not math.isfinite(float(total))
+            if trainer.accelerator.num_processes == 1
+            else trainer.any_process(non_finite_loss_flag(total))
+        ):
             self.triggered = True
             trainer.print(
                 f"A non-finite training loss was seen by step {trainer.progress.global_step} "
