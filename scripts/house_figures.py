@@ -18,17 +18,18 @@ import sys
 import tokenize
 from pathlib import Path
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
-PACKAGE = ROOT / "pytorch_accelerated"
-PATHS = sorted(PACKAGE.rglob("*.py"))
+TRAINER = "pytorch_accelerated.trainer"
+#: Besides the callbacks (the Trainer's observers), the modules that name the Trainer by design.
+NAME_THE_TRAINER_BY_DESIGN = {
+    "pytorch_accelerated",
+    "pytorch_accelerated.runs",
+    "pytorch_accelerated.timm_schedulers",
+}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-NAMES = {module_name(path) for path in PATHS}
 
 
 def docstring_lines(source: str) -> set[int]:
@@ -82,23 +83,42 @@ def statements(source: str) -> int:
     return count
 
 
-def imports(path: Path) -> set[str]:
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join([*base, *([node.module] if node.module else [])])
-            submodules = {f"{target}.{alias.name}" for alias in node.names} & NAMES
-            found |= submodules or {target}
-    return {name for name in found if name in NAMES and name != module_name(path)}
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """The package's modules that each of its modules imports, at run time or for typing (``from .
+    import x`` counts as importing the module ``x``, not the package)."""
+    paths = {module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        package_parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = package_parts[: len(package_parts) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                submodules = {f"{target}.{alias.name}" for alias in node.names} & paths.keys()
+                found |= submodules or {target}
+        graph[name] = {target for target in found if target in paths and target != name}
+    return graph
+
+
+def names_the_trainer_by_design(module: str) -> bool:
+    return module in NAME_THE_TRAINER_BY_DESIGN or module.startswith("pytorch_accelerated.callbacks")
+
+
+def without_edges_back_to_the_trainer(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` without the edges to the trainer from the modules that name it by design."""
+    return {
+        module: {
+            target for target in targets if not (target == TRAINER and names_the_trainer_by_design(module))
+        }
+        for module, targets in graph.items()
+    }
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -127,34 +147,25 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main() -> None:
-    sources = {module_name(path): path.read_text() for path in PATHS}
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
+    package = root / "pytorch_accelerated"
+    sources = {module_name(path, root): path.read_text() for path in sorted(package.rglob("*.py"))}
     print(
         f"code lines: {sum(code_lines(source) for source in sources.values())}, "
         f"statements: {sum(statements(source) for source in sources.values())}  (all lines: "
         f"{sum(len(source.splitlines()) for source in sources.values())})"
     )
-    graph = {module_name(path): imports(path) for path in PATHS}
-    naming = sorted(module for module, targets in graph.items() if "pytorch_accelerated.trainer" in targets)
+    graph = import_graph(package)
+    naming = sorted(module for module, targets in graph.items() if TRAINER in targets)
     print(f"modules that import the trainer (typing too): {len(naming)}")
     for module in naming:
         print(f"  {module}")
     for component in circles(graph):
         print(f"import circle of {len(component)} modules (typing imports included): {', '.join(component)}")
-    by_design = {"pytorch_accelerated.runs", "pytorch_accelerated.timm_schedulers"}
-    forward = {
-        module: {
-            target
-            for target in targets
-            if not (
-                target == "pytorch_accelerated.trainer"
-                and (module in by_design or module.startswith("pytorch_accelerated.callbacks"))
-            )
-        }
-        for module, targets in graph.items()
-    }
     print(
         f"import circles without the edges back to the trainer from its observers (callbacks), "
-        f"its run adapter (runs) and its subclass (timm_schedulers): {circles(forward)}"
+        f"its run adapter (runs) and its subclass (timm_schedulers): "
+        f"{circles(without_edges_back_to_the_trainer(graph))}"
     )
     containers = []
     for name, source in sources.items():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import pytorch_accelerated
+from scripts import house_figures
 from tests.helpers import REPO_ROOT
 
 PACKAGE = Path(pytorch_accelerated.__file__).parent
@@ -206,88 +207,27 @@ def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it()
 
 # ---------------------------------------------------------------------------- the typing graph
 
-MODULE_NAMES = {module_name(path) for path in MODULES}
-TRAINER = "pytorch_accelerated.trainer"
-#: The modules that may name the Trainer, even for typing: the callbacks (each event hands them
-#: the Trainer), the one adapter that sets up its runs, the entry point, and the subclass that the
-#: trainer module re-exports under 0.1.61's path.
-MAY_NAME_THE_TRAINER = {
-    "pytorch_accelerated",
-    "pytorch_accelerated.runs",
-    "pytorch_accelerated.timm_schedulers",
-}
-
-
-def _all_imports(path: Path) -> set[str]:
-    """The package's modules that ``path`` imports, at run time or for typing (``from . import x``
-    counts as importing the module ``x``, not the package)."""
-    targets = set()
-    for node in ast.walk(parse(path)):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found = _imported_modules(path, node)
-            submodules = [name for name in found[1:] if name in MODULE_NAMES]
-            targets |= set(submodules) if isinstance(node, ast.ImportFrom) and submodules else set(found)
-    return {target for target in targets if target in MODULE_NAMES and target != module_name(path)}
-
-
-IMPORT_GRAPH = {module_name(path): _all_imports(path) for path in MODULES}
-
-
-def _names_the_trainer_by_design(module: str) -> bool:
-    return module in MAY_NAME_THE_TRAINER or module.startswith("pytorch_accelerated.callbacks")
+# The graph, its circles and the modules that name the Trainer by design (the callbacks, which each
+# event hands the Trainer; the one adapter that sets up its runs; the entry point; the subclass that
+# the trainer module re-exports under 0.1.61's path) are computed by the script that prints the
+# house's figures, so the test and the figures cannot disagree.
+IMPORT_GRAPH = house_figures.import_graph(PACKAGE)
 
 
 def test_only_the_callbacks_and_the_run_adapter_name_the_trainer_even_for_typing() -> None:
-    naming = sorted(module for module, targets in IMPORT_GRAPH.items() if TRAINER in targets)
-    assert [module for module in naming if not _names_the_trainer_by_design(module)] == []
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected component of more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(module: str) -> None:
-        index[module] = low[module] = len(index)
-        stack.append(module)
-        for target in sorted(graph[module]):
-            if target not in index:
-                visit(target)
-                low[module] = min(low[module], low[target])
-            elif target in stack:
-                low[module] = min(low[module], index[target])
-        if low[module] == index[module]:
-            component = []
-            while True:
-                member = stack.pop()
-                component.append(member)
-                if member == module:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for module in sorted(graph):
-        if module not in index:
-            visit(module)
-    return found
+    naming = sorted(module for module, targets in IMPORT_GRAPH.items() if house_figures.TRAINER in targets)
+    assert [module for module in naming if not house_figures.names_the_trainer_by_design(module)] == []
 
 
 def test_the_import_graph_with_typing_imports_has_no_circle_besides_the_trainers_observers() -> None:
     # The modules that name the Trainer by design point back at it; without those edges back,
     # every import, for typing too, goes one way.
-    forward = {
-        module: {
-            target for target in targets if not (target == TRAINER and _names_the_trainer_by_design(module))
-        }
-        for module, targets in IMPORT_GRAPH.items()
-    }
-    assert _cycles(forward) == []
+    assert house_figures.circles(house_figures.without_edges_back_to_the_trainer(IMPORT_GRAPH)) == []
 
 
 def test_the_house_test_finds_a_circle_where_there_is_one() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert house_figures.circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert house_figures.circles(IMPORT_GRAPH)  # the callbacks and the trainer, with the edges back
 
 
 # ---------------------------------------------------------------------------- composition
