@@ -369,11 +369,12 @@ class Trainer:
         window.correct_gradients(self.model, window_weight, window_size)
         self._clip_gradients()
         self.optimizer_step()
-        self.scheduler_step()
+        # no scaler: never skipped
+        skipped = not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
+        if self.scheduler is not None and not skipped:  # as 0.1.61: an override may assume both
+            self.scheduler_step()
         self.optimizer_zero_grad()
-        if (
-            not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
-        ):  # no scaler: never
+        if skipped:
             return False
         self.progress.global_step += 1
         self.progress.epoch_step += 1
@@ -502,9 +503,9 @@ class Trainer:
         self.optimizer.step()  # type: ignore[union-attr]
 
     def scheduler_step(self) -> None:
-        """Step the scheduler once per update, unless the update was skipped (fp16 overflow)."""
-        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
-            self.scheduler.step()
+        """Step the scheduler; called after each update when there is a scheduler, unless fp16's
+        scaler skipped the update."""
+        self.scheduler.step()
 
     def optimizer_zero_grad(self) -> None:
         """Reset the gradients."""
