@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from . import runs
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
-from ._internal.batch_loss import batch_size_of, loss_of, unpack_batch
+from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
 from ._internal.distributed import (
     gather,
     gather_ragged,
@@ -355,7 +355,13 @@ class Trainer:
         run_state.train_loss.update(loss, weight)
         if run_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
             run_state.step_metrics.batch_done(batch_output)
-        self.backward_step(window.scale(loss, weight, window_size))
+        try:
+            self.backward_step(window.scale(loss, weight, window_size))
+        except RuntimeError as error:  # torch's "element 0 of tensors does not require grad"
+            explained = loss_without_grad_error(self.model, error)
+            if explained is None:
+                raise
+            raise explained from error
         return batch_output, weight
 
     def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
