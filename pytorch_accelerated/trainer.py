@@ -111,7 +111,7 @@ class Trainer:
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
-        check_accelerator(self._accelerator)
+        check_accelerator(self._accelerator, type(self)._create_accelerator.__qualname__)
         destroy_process_group_at_exit(self._accelerator)
         if env_limit is not None:
             self.print(env_limit.announcement())
