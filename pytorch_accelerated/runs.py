@@ -133,10 +133,8 @@ def _start_at_returned_epoch(trainer: Trainer, loaded: Any) -> None:
     epoch = loaded.get("current_epoch") if isinstance(loaded, Mapping) else None
     if epoch is None:
         return
-    owner = f"{type(trainer).__name__}.load_training_state"
-    check_whole_number(
-        epoch, "the returned 'current_epoch'", owner=owner, hint="It is the epoch to start at, from 1."
-    )
+    owner = f"{type(trainer).__name__}.load_training_state returned"
+    check_whole_number(epoch, "current_epoch", owner=owner, hint="It is the epoch to start at, from 1.")
     trainer.progress.epoch = epoch - 1
     trainer.run_history.set_current_epoch(trainer.run_state.history_first_epoch + trainer.progress.epoch)
 

@@ -375,7 +375,7 @@ class Trainer:
         window.correct_gradients(self.model, window_weight, window_size)
         self._clip_gradients()
         self.optimizer_step()
-        # no scaler: never skipped
+        # (direct steps have no gradient scaler: never skipped)
         skipped = not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
         if self.scheduler is not None and not skipped:  # as 0.1.61: an override may assume both
             self.scheduler_step()

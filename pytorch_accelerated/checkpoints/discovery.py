@@ -22,8 +22,10 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
     return candidate_states(path)[0][0]
 
 
-def _file_given_message(path: Path) -> str:
-    return (
+def _refuse_a_file(path: Path) -> None:
+    if not path.is_file():
+        return
+    raise NotADirectoryError(
         f"resume_from={str(path)!r} is a file, not a training state: a training state is a directory "
         f"(written by save_training_state or SaveTrainingStateCallback), while one file, as "
         f"save_checkpoint writes, is a checkpoint file: weights (and optimizer) without the run's "
@@ -45,8 +47,7 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
         NotADirectoryError: ``path`` is a file (a checkpoint file is not a training state).
     """
     path = Path(path)
-    if path.is_file():
-        raise NotADirectoryError(_file_given_message(path))
+    _refuse_a_file(path)
     if not path.is_dir():
         # A save that replaced a state of the same name may have been killed between its two
         # renames: the complete new state, or else the old one, is still there under a hidden name.
