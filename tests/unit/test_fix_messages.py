@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
 import warnings
 import zipfile
 from pathlib import Path
@@ -247,3 +248,29 @@ def test_a_dict_batch_with_the_default_loss_says_how_it_is_unpacked_and_to_overr
     )
     assert "override calculate_train_batch_loss and calculate_eval_batch_loss" in message
     assert "dict: 0" not in message
+
+
+def test_no_junk_file_in_a_training_state_gives_torchs_weights_only_advice(tmp_path: Path) -> None:
+    trainer = make_trainer()
+    trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+    trainer.save_training_state(tmp_path / "good")
+    generator = random.Random(5)
+    files = sorted(path.name for path in (tmp_path / "good").iterdir() if path.suffix == ".pt")
+    assert len(files) >= 3, files
+    leaks, tried = [], 0
+    for name in files:
+        real = (tmp_path / "good" / name).read_bytes()
+        for index, junk in enumerate(
+            (generator.randbytes(300), real[: len(real) // 2], b"\x80\x02" + generator.randbytes(50))
+        ):
+            state = tmp_path / f"{name}-{index}"
+            shutil.copytree(tmp_path / "good", state)
+            (state / name).write_bytes(junk)
+            tried += 1
+            with warnings.catch_warnings(record=True) as caught, pytest.raises(Exception) as error:
+                warnings.simplefilter("always")
+                make_trainer().load_training_state(state)
+            texts = [str(e) for e in chain(error.value)] + [str(w.message) for w in caught]
+            if any("weights_only" in text for text in texts):
+                leaks.append(f"{name}-{index}")
+    assert leaks == [], f"{len(leaks)} of {tried}: {leaks}"
