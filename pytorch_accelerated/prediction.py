@@ -21,7 +21,12 @@ from accelerate import Accelerator
 from torch import nn
 
 from ._internal.distributed import gather_ragged
-from ._internal.validation import check_collate_fn, check_dataloader_kwargs, check_whole_number
+from ._internal.validation import (
+    check_collate_fn,
+    check_dataloader_kwargs,
+    check_not_a_dataloader,
+    check_whole_number,
+)
 from .data import DeviceDataLoader, ShardedEvalBatchSampler, is_map_style
 
 #: ``dataloader_kwargs`` that would change which samples are predicted, or their order.
@@ -151,6 +156,7 @@ def check_predict_arguments(
 ) -> None:
     """Check the arguments of ``predict()`` (as ``evaluate()``'s, plus what keeps the data-set order)."""
     check_whole_number(per_device_batch_size, "per_device_batch_size")
+    check_not_a_dataloader(dataset, "dataset")
     if not is_map_style(dataset):
         raise TypeError(
             f"predict() needs a map-style data set (a torch Dataset with __len__ and __getitem__), got "

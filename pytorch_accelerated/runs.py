@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -26,6 +26,7 @@ from ._internal.validation import (
     check_evaluate_arguments,
     check_something_left_to_train,
     check_train_arguments,
+    check_whole_number,
 )
 from .callbacks import StopTrainingError
 from .checkpoints.training_objects import TrainingObjects
@@ -120,8 +121,22 @@ def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     trainer.run_state.window = WindowWeighting(trainer.accelerator, config.train_per_device_batch_size)
     if arguments["resume_from"] is not None:
         with trainer.state_store.resuming():  # through the overridable load_training_state
-            trainer.load_training_state(arguments["resume_from"])
+            loaded = trainer.load_training_state(arguments["resume_from"])
+        if trainer.run_state.pending_resume is None:  # an override that restored the state itself
+            _start_at_returned_epoch(trainer, loaded)
         check_something_left_to_train(trainer.progress, config, arguments["resume_from"])
+
+
+def _start_at_returned_epoch(trainer: Trainer, loaded: Any) -> None:
+    """As in 0.1.61: an override of ``load_training_state`` that does not call ``super()`` and
+    returns ``{"current_epoch": E, ...}`` starts the run at the start of epoch E (counted from 1)."""
+    epoch = loaded.get("current_epoch") if isinstance(loaded, Mapping) else None
+    if epoch is None:
+        return
+    owner = f"{type(trainer).__name__}.load_training_state returned"
+    check_whole_number(epoch, "current_epoch", owner=owner, hint="It is the epoch to start at, from 1.")
+    trainer.progress.epoch = epoch - 1
+    trainer.run_history.set_current_epoch(trainer.run_state.history_first_epoch + trainer.progress.epoch)
 
 
 def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:

@@ -15,8 +15,7 @@ class TrainerWithTimmScheduler(Trainer):
     """
 
     def scheduler_step(self) -> None:
-        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
-            self.scheduler.step_update(num_updates=self.progress.global_step + 1)
+        self.scheduler.step_update(num_updates=self.progress.global_step + 1)
 
     def training_run_epoch_end(self) -> None:
         if self.scheduler is None:

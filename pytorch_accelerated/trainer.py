@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from . import runs
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
-from ._internal.batch_loss import batch_size_of, loss_of, unpack_batch
+from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
 from ._internal.distributed import (
     gather,
     gather_ragged,
@@ -111,7 +111,7 @@ class Trainer:
         self.run_history: RunHistory = run_history if run_history is not None else InMemoryRunHistory()
         check_every_process_joins()  # a launch missing a process fails early, not in a hang
         self._accelerator = self._create_accelerator()
-        check_accelerator(self._accelerator)
+        check_accelerator(self._accelerator, type(self)._create_accelerator.__qualname__)
         destroy_process_group_at_exit(self._accelerator)
         if env_limit is not None:
             self.print(env_limit.announcement())
@@ -355,7 +355,13 @@ class Trainer:
         run_state.train_loss.update(loss, weight)
         if run_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
             run_state.step_metrics.batch_done(batch_output)
-        self.backward_step(window.scale(loss, weight, window_size))
+        try:
+            self.backward_step(window.scale(loss, weight, window_size))
+        except RuntimeError as error:  # torch's "element 0 of tensors does not require grad"
+            explained = loss_without_grad_error(self.model, error)
+            if explained is None:
+                raise
+            raise explained from error
         return batch_output, weight
 
     def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
@@ -369,11 +375,12 @@ class Trainer:
         window.correct_gradients(self.model, window_weight, window_size)
         self._clip_gradients()
         self.optimizer_step()
-        self.scheduler_step()
+        # (direct steps have no gradient scaler: never skipped)
+        skipped = not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
+        if self.scheduler is not None and not skipped:  # as 0.1.61: an override may assume both
+            self.scheduler_step()
         self.optimizer_zero_grad()
-        if (
-            not self._preparation.direct_steps and self._accelerator.optimizer_step_was_skipped
-        ):  # no scaler: never
+        if skipped:
             return False
         self.progress.global_step += 1
         self.progress.epoch_step += 1
@@ -502,9 +509,9 @@ class Trainer:
         self.optimizer.step()  # type: ignore[union-attr]
 
     def scheduler_step(self) -> None:
-        """Step the scheduler once per update, unless the update was skipped (fp16 overflow)."""
-        if self.scheduler is not None and not self._accelerator.optimizer_step_was_skipped:
-            self.scheduler.step()
+        """Step the scheduler; called after each update when there is a scheduler, unless fp16's
+        scaler skipped the update."""
+        self.scheduler.step()
 
     def optimizer_zero_grad(self) -> None:
         """Reset the gradients."""

@@ -21,19 +21,14 @@ def has_accelerator_device() -> bool:
     )
 
 
-def check_accelerator(accelerator: Accelerator) -> None:
+def check_accelerator(accelerator: Accelerator, created_by: str = "Trainer._create_accelerator") -> None:
     """Fail fast on a launch whose processes did not form one group, or on accelerate-side
     accumulation; warn when the precision asked for cannot run here (fp16 on a CPU), or when
-    FSDP was asked for but accelerate runs something else (on a CPU)."""
+    FSDP was asked for but accelerate runs something else (on a CPU). ``created_by`` names the
+    method that made ``accelerator`` (an override's qualified name), for the message."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
-        raise RuntimeError(
-            f"The launcher started {launched} processes (WORLD_SIZE={launched}), but each one "
-            f"joined a group of {accelerator.num_processes}: they would all train the whole "
-            f"run separately. On a machine without GPUs, launch with `torchrun --nproc_per_node "
-            f"{launched} script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch "
-            f"--multi_gpu --num_processes {launched} script.py` (`--cpu` starts one process only)."
-        )
+        raise RuntimeError(_not_one_group_message(accelerator, launched, created_by))
     # Under DeepSpeed this is its config's value; train() says what to do with it.
     if (
         accelerator.gradient_accumulation_steps != 1
@@ -48,6 +43,30 @@ def check_accelerator(accelerator: Accelerator) -> None:
     for message in (unavailable_precision_message(accelerator), dropped_fsdp_message(accelerator)):
         if message is not None and accelerator.is_local_main_process:  # once per machine
             warnings.warn(message, UserWarning, stacklevel=3)  # the line that created the Trainer
+
+
+def _not_one_group_message(accelerator: Accelerator, launched: int, created_by: str) -> str:
+    problem = (
+        f"The launcher started {launched} processes (WORLD_SIZE={launched}), but each one joined a "
+        f"group of {accelerator.num_processes}: they would all train the whole run separately."
+    )
+    if created_by == "Trainer._create_accelerator" or has_accelerator_device():
+        return (
+            f"{problem} On a machine without GPUs, launch with `torchrun --nproc_per_node {launched} "
+            f"script.py`, or set ACCELERATE_USE_CPU=1 with `accelerate launch --multi_gpu "
+            f"--num_processes {launched} script.py` (`--cpu` starts one process only)."
+        )
+    # The launch was right: an Accelerator made by an override, on a machine without GPUs,
+    # joins the processes into one group only when told to run on the CPU.
+    precision = str(accelerator.mixed_precision)
+    example = f"Accelerator(cpu=True{'' if precision == 'no' else f', mixed_precision={precision!r}'}, ...)"
+    return (
+        f"{problem} The Accelerator comes from {created_by}, and on a machine without GPUs "
+        f"accelerate forms a group of processes only when told to run on the CPU (the Trainer's "
+        f"default Accelerator does this; an override must do it itself). Create it with "
+        f"{example} in {created_by}, or set ACCELERATE_USE_CPU=1 for the launch "
+        f"(`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {launched} script.py`)."
+    )
 
 
 #: Where accelerate hands mixed precision to another engine (its own config decides).

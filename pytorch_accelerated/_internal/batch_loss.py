@@ -11,6 +11,13 @@ import torch
 
 
 def unpack_batch(batch: Any, method: str) -> tuple[Any, Any]:
+    if isinstance(batch, Mapping):
+        raise TypeError(
+            f"The default {method} unpacks each batch as inputs, targets = batch[0], batch[1], but "
+            f"got a {type(batch).__name__} batch with keys {list(batch)}. For dict batches, override "
+            f"calculate_train_batch_loss and calculate_eval_batch_loss to take the inputs and targets "
+            f"by key, e.g. self.model(batch['input']) and batch['label']."
+        )
     try:
         return batch[0], batch[1]
     except (TypeError, IndexError, KeyError) as error:
@@ -55,4 +62,26 @@ def _model_outputs_error(model_outputs: Any, error: Exception) -> TypeError:
         f"outputs to loss_func as they are: override calculate_train_batch_loss and "
         f"calculate_eval_batch_loss to pass the logits ({pick}) to the loss, or wrap the model so "
         f"that its forward() returns the logits."
+    )
+
+
+def loss_without_grad_error(model: Any, error: RuntimeError) -> RuntimeError | None:
+    """For ``error`` from the backward pass of a loss that did not require grad, an error that
+    says why (every parameter frozen, or a loss cut off from them) and how to fix it; else None."""
+    if "does not require grad" not in str(error):
+        return None
+    parameters = dict(model.named_parameters())
+    if any(parameter.requires_grad for parameter in parameters.values()):
+        return RuntimeError(
+            f"The training loss does not require grad, so there is nothing to compute gradients of "
+            f"({error}): the model has trainable parameters, but the loss was computed without them, "
+            f"under torch.no_grad() or from detached values (.detach(), .item(), a new tensor). "
+            f"Compute the loss in calculate_train_batch_loss from the model's outputs, with grad enabled."
+        )
+    shown = ", ".join(list(parameters)[:5]) + (", ..." if len(parameters) > 5 else "")
+    return RuntimeError(
+        f"No parameter of the model requires grad: all {len(parameters)} parameter tensors ({shown}) "
+        f"are frozen (requires_grad=False), so the loss has no gradient ({error}). Unfreeze the ones "
+        f"to train before training (parameter.requires_grad_(True), or ModelFreezer's unfreeze()); "
+        f"an optimizer built over them trains them once they are unfrozen."
     )

@@ -64,19 +64,23 @@ def explain_collective_failure(accelerator: Any, where: str, error: BaseExceptio
         or any(_NOTE_MARK in n for n in notes)
     ):
         return
-    rank = accelerator.process_index
+    rank, processes = accelerator.process_index, accelerator.num_processes
     if "Timed out" in str(error) or "timed out" in str(error):
         timeout = collective_timeout_s()
+        # Which process is late is not known here, unless there is only one other.
+        late = (
+            f"rank {1 - rank}" if processes == 2 else f"at least one of the other {processes - 1} processes"
+        )
         note = (
-            f"rank {rank} timed out after {timeout:g} s in a {_NOTE_MARK} {where}: "
-            f"another process probably failed or stopped taking part; see its output above. "
-            f"(The timeout is {COLLECTIVE_TIMEOUT_ENV}={timeout:g} seconds; raise it if a process "
-            f"legitimately waits longer, e.g. for a long save.)"
+            f"rank {rank} waited {timeout:g} s in a {_NOTE_MARK} {where}, but {late} did not reach "
+            f"it in that time: it is slow (a long callback, save or data loading on that process "
+            f"alone), stuck, or has failed; its output above says which. If it is only slow, shorten "
+            f"that work or raise {COLLECTIVE_TIMEOUT_ENV} (now {timeout:g} seconds)."
         )
     else:
         note = (
-            f"rank {rank}: a {_NOTE_MARK} failed {where} because another process "
-            f"left it: that process probably failed; see its output above."
+            f"rank {rank}: a {_NOTE_MARK} failed {where} because another process left it: that "
+            f"process failed, or gave up waiting for this one (a collective timeout); see its output above."
         )
     if hasattr(error, "add_note"):
         error.add_note(note)

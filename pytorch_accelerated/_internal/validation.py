@@ -288,7 +288,20 @@ def check_accumulation_supported(accelerator: Any, gradient_accumulation_steps: 
         )
 
 
+def check_not_a_dataloader(dataset: Any, name: str) -> None:
+    """A ``DataLoader`` passed where the Trainer wants the data set it would load from."""
+    if isinstance(dataset, torch.utils.data.DataLoader):
+        raise TypeError(
+            f"{name} must be a data set (a torch Dataset), got a DataLoader: the Trainer builds its own "
+            f"loaders. Pass the loader's data set ({name}=loader.dataset), with its batch size as "
+            f"per_device_batch_size and other loader arguments in the *dataloader_kwargs; to use your "
+            f"own loader, override create_train_dataloader / create_eval_dataloader "
+            f"(docs/inside-the-trainer.md, 'Your own data loader')."
+        )
+
+
 def check_dataset(dataset: Any, name: str) -> None:
+    check_not_a_dataloader(dataset, name)
     if isinstance(dataset, torch.utils.data.IterableDataset):
         return
     try:
@@ -313,6 +326,14 @@ def check_batch_output(batch_output: Any, method: str) -> None:
             f"'model_outputs'), got {keys}."
         )
     loss = batch_output["loss"]
+    if isinstance(loss, tuple):
+        raise TypeError(
+            f"{method} returned a loss that is a tuple of {len(loss)} ({', '.join(type(v).__name__ for v in loss)}): "
+            f"the loss function probably returns extra outputs beside the loss. The Trainer needs the "
+            f"loss as a scalar tensor: override {method} to return {{'loss': loss, ...}} from the "
+            f"tuple (put the extra outputs in the returned dict under keys of your own, or record "
+            f"them with trainer.run_history.update_metric)."
+        )
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(

@@ -145,7 +145,8 @@ class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
 
     The checkpoint is written with :meth:`Trainer.save_checkpoint`, so it always has the same
     keys: ``model_state_dict``, ``optimizer_state_dict`` / ``scheduler_state_dict`` (when asked
-    and present), ``epoch`` (of the run, counted from 1: ``progress.epoch + 1``), ``global_step``
+    and present), ``epoch`` (the run history's, counted from 1: ``run_history.current_epoch``, which
+    goes on across ``train()`` calls with ``reset_run_history=False``, as in 0.1.61), ``global_step``
     (optimizer updates done) and the watched metric's name with its value. Any improvement
     counts, however small. At ``on_training_run_end`` (also after an early stop) the best
     model weights are loaded back into the model when ``load_saved_checkpoint``.
@@ -195,7 +196,7 @@ class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
         value = self.read_new_value(trainer)
         if value is None or not self.agree_improvement(trainer, value):
             return
-        epoch = trainer.progress.epoch + 1
+        epoch = trainer.run_history.current_epoch  # as 0.1.61: counts on across train() calls
         # Refused (NonFiniteStateError, which stops the run) when the weights or the loss are
         # not finite: the best so far then stays the one in the file.
         trainer.save_checkpoint(

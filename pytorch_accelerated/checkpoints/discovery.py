@@ -22,6 +22,19 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
     return candidate_states(path)[0][0]
 
 
+def _refuse_a_file(path: Path) -> None:
+    if not path.is_file():
+        return
+    raise NotADirectoryError(
+        f"resume_from={str(path)!r} is a file, not a training state: a training state is a directory "
+        f"(written by save_training_state or SaveTrainingStateCallback), while one file, as "
+        f"save_checkpoint writes, is a checkpoint file: weights (and optimizer) without the run's "
+        f"position. To start from a checkpoint file, call trainer.load_checkpoint({str(path)!r}) "
+        f"before trainer.train(...), without resume_from; to continue a run, pass resume_from a "
+        f"state directory or a folder of them."
+    )
+
+
 def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
     """The training states to try for ``path``, newest first, and whether ``path`` names one.
 
@@ -31,8 +44,10 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
+        NotADirectoryError: ``path`` is a file (a checkpoint file is not a training state).
     """
     path = Path(path)
+    _refuse_a_file(path)
     if not path.is_dir():
         # A save that replaced a state of the same name may have been killed between its two
         # renames: the complete new state, or else the old one, is still there under a hidden name.

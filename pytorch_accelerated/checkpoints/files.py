@@ -231,20 +231,25 @@ def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
-        problem = describe_bad_file(path)
-        if problem is not None:
-            hint = _OTHER_FORMAT_HINT if problem.startswith(("is not", "is a zip")) else _BAD_FILE_HINT
-            raise CheckpointFileError(f"{path} {problem}. {hint}") from error
-        if isinstance(error, pickle.UnpicklingError) and _refused_for_code(path, error):
-            raise pickle.UnpicklingError(
-                f"Refused to load {str(path)!r}: it holds objects beyond tensors and plain data "
-                f"({_torch_reason(error)}), and checkpoints are only loaded with weights_only=True. Unpickling "
-                f"such a file can run arbitrary code: load it with torch.load(..., weights_only=False) only if "
-                f"you created it yourself or fully trust where it came from."
-            ) from error
-        raise CheckpointFileError(
-            f"{path} could not be loaded: {_torch_reason(error)}. {_BAD_FILE_HINT}"
-        ) from error
+        failure = _load_failure(path, error)
+    # Raised here, outside the handler, so that torch's error (whose advice is to load with
+    # weights_only=False) is neither the cause nor the context: its reason is in the message.
+    raise failure
+
+
+def _load_failure(path: Path, error: Exception) -> Exception:
+    problem = describe_bad_file(path)
+    if problem is not None:
+        hint = _OTHER_FORMAT_HINT if problem.startswith(("is not", "is a zip")) else _BAD_FILE_HINT
+        return CheckpointFileError(f"{path} {problem}. {hint}")
+    if isinstance(error, pickle.UnpicklingError) and _refused_for_code(path, error):
+        return pickle.UnpicklingError(
+            f"Refused to load {str(path)!r}: it holds objects beyond tensors and plain data "
+            f"({torch_load_reason(error)}), and checkpoints are only loaded with weights_only=True. Unpickling "
+            f"such a file can run arbitrary code: load it with torch.load(..., weights_only=False) only if "
+            f"you created it yourself or fully trust where it came from."
+        )
+    return CheckpointFileError(f"{path} could not be loaded: {torch_load_reason(error)}. {_BAD_FILE_HINT}")
 
 
 _BAD_FILE_HINT = (
@@ -343,7 +348,7 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
     return any(opcode.name in _CODE_OPCODES for opcode, _, _ in pickletools.genops(data))
 
 
-def _torch_reason(error: BaseException) -> str:
+def torch_load_reason(error: BaseException) -> str:
     """Torch's own reason for a failed load, without its generic advice about weights_only."""
     paragraphs = [part.strip() for part in str(error).split("\n\n") if part.strip()]
     reasons = [

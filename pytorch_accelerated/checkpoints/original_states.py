@@ -124,7 +124,8 @@ def _read_rng(directory: Path, rank: int) -> dict[str, Any] | None:
             saved = torch.load(path, weights_only=True)
         return _to_our_rng_layout(saved)
     except Exception as error:  # not loadable safely: resume without these RNG states
-        warnings.warn(f"Could not load {path} safely ({error}); the RNGs are not restored.", stacklevel=5)
+        reason = files.torch_load_reason(error)  # without torch's advice to load with weights_only=False
+        warnings.warn(f"Could not load {path} safely ({reason}); the RNGs are not restored.", stacklevel=5)
         return None
 
 

@@ -407,3 +407,22 @@ def test_wsd_callback_accepts_any_scheduler_with_get_checkpoint_steps_and_reject
         match=r"needs a scheduler with get_checkpoint_steps\(\).*this run has no scheduler \(None\)",
     ):
         trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=4)
+
+
+def test_best_metric_epoch_is_the_run_historys_epoch_across_train_calls(tmp_path: Path, capsys: Any) -> None:
+    best = SaveBestModelCallback(tmp_path / "best.pt", watch_metric="score", greater_is_better=True)
+    scores = ScriptedLoss([0.5, 0.4, 0.3, 0.2, 0.1])
+    trainer = make_trainer((scores, best))
+    trainer.train(make_regression_data(8), num_epochs=5, eval_dataset=EVAL_DATA, per_device_batch_size=4)
+    assert best.best_metric_epoch == 1
+    scores.values = [0.9, 0.6]  # the second call's epochs are history epochs 6 and 7
+    trainer.train(
+        make_regression_data(8),
+        num_epochs=2,
+        eval_dataset=EVAL_DATA,
+        per_device_batch_size=4,
+        reset_run_history=False,
+    )
+    assert best.best_metric_epoch == best.best_epoch == 6
+    assert safe_torch_load(tmp_path / "best.pt")["epoch"] == 6
+    assert "Loaded the best model of epoch 6 (score = 0.9)" in capsys.readouterr().out

@@ -312,3 +312,46 @@ def test_a_folder_of_original_directories_asks_for_one_by_name(tmp_path: Path) -
         match=r"name one of the states written by pytorch-accelerated 0.1.x \(epoch_1\) explicitly",
     ):
         make_trainer().load_training_state(tmp_path)
+
+
+class RestoresItself(Trainer):
+    """0.1.61's other pattern: an override that restores what it wants itself, without super(),
+    and returns the epoch to start at."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epochs_started: list[int] = []
+
+    def load_training_state(self, training_state_dir: Any) -> dict[str, Any]:
+        checkpoint = torch.load(Path(training_state_dir) / "weights.pt", weights_only=True)
+        self.get_model().load_state_dict(checkpoint)
+        return {"current_epoch": 3}
+
+    def train_epoch_start(self) -> None:
+        super().train_epoch_start()
+        self.epochs_started.append(self.run_history.current_epoch)
+
+
+def test_an_override_returning_current_epoch_without_super_starts_the_run_at_that_epoch(
+    tmp_path: Path,
+) -> None:
+    source = trained(num_epochs=1, scheduler=False)
+    (tmp_path / "mine").mkdir()
+    torch.save(source.get_model().state_dict(), tmp_path / "mine" / "weights.pt")
+    model = make_linear_model(seed=1)
+    trainer = RestoresItself(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    trainer.train(DATA, num_epochs=4, per_device_batch_size=4, resume_from=tmp_path / "mine")
+    assert trainer.epochs_started == [3, 4]  # epochs 3 and 4 of 4, as 0.1.61 started at epoch 3
+    assert trainer.progress.epoch == 4 and trainer.progress.global_step == 8
+    assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
+
+
+def test_an_override_returning_a_current_epoch_past_num_epochs_trains_nothing(tmp_path: Path) -> None:
+    source = trained(num_epochs=1, scheduler=False)
+    (tmp_path / "mine").mkdir()
+    torch.save(source.get_model().state_dict(), tmp_path / "mine" / "weights.pt")
+    model = make_linear_model(seed=1)
+    trainer = RestoresItself(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    with pytest.warns(UserWarning, match="Nothing to train"):
+        trainer.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from=tmp_path / "mine")
+    assert trainer.epochs_started == [] and same_weights(trainer.get_model(), source.get_model())

@@ -271,3 +271,39 @@ def test_evaluate_after_train_keeps_the_training_runs_config() -> None:
     training_config = trainer.run_config
     trainer.evaluate(regression_data(10), per_device_batch_size=4)
     assert trainer.run_config is training_config and not training_config.evaluation_only
+
+
+# ---------------------------------------------------------------- scheduler_step
+
+
+class StepsTheScheduler(Trainer):
+    """0.1.61's pattern: an override that assumes a scheduler exists, as the loop only called
+    it then."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scheduler_steps = 0
+
+    def scheduler_step(self) -> None:
+        self.scheduler.step()
+        self.scheduler_steps += 1
+
+
+def test_an_override_of_scheduler_step_without_a_scheduler_is_never_called() -> None:
+    trainer = make_trainer(trainer_cls=StepsTheScheduler)
+    trainer.train(regression_data(8), num_epochs=2, per_device_batch_size=4)  # no AttributeError
+    assert trainer.progress.global_step == 4 and trainer.scheduler_steps == 0
+
+
+def test_an_override_of_scheduler_step_runs_once_per_update_with_a_scheduler() -> None:
+    trainer = make_trainer(trainer_cls=StepsTheScheduler)
+    trainer.train(
+        regression_data(8),
+        num_epochs=2,
+        per_device_batch_size=4,
+        create_scheduler_fn=lambda optimizer: torch.optim.lr_scheduler.StepLR(
+            optimizer, step_size=1, gamma=0.5
+        ),
+    )
+    assert trainer.scheduler_steps == 4
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**4)

@@ -5,19 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from pytorch_accelerated.callbacks import StopTrainingError, TrainerCallback
 from tests.helpers import AskForStepMetrics, make_recording_trainer, make_regression_data
 
-UPDATE = ["_clip_gradients", "optimizer_step", "scheduler_step", "optimizer_zero_grad"]
+UPDATE = ["_clip_gradients", "optimizer_step", "optimizer_zero_grad"]  # no scheduler: no scheduler_step
+SCHEDULED_UPDATE = ["_clip_gradients", "optimizer_step", "scheduler_step", "optimizer_zero_grad"]
 
 
-def train_batch(update: bool) -> list[str]:
+def train_batch(update: bool, scheduled: bool = False) -> list[str]:
     return [
         "on_train_step_start",
         "calculate_train_batch_loss",
         "backward_step",
-        *(UPDATE if update else []),
+        *((SCHEDULED_UPDATE if scheduled else UPDATE) if update else []),
         "on_train_step_end",
     ]
 
@@ -44,6 +46,25 @@ def test_normal_run_fires_every_event_in_documented_order() -> None:
         "on_training_run_epoch_end",
     ]
     assert log == ["on_init_end", "on_training_run_start", *epoch * 2, "on_training_run_end"]
+
+
+def test_scheduler_step_runs_after_each_update_only_when_there_is_a_scheduler() -> None:
+    log: list[str] = []
+    trainer = make_recording_trainer(log)
+    trainer.train(
+        make_regression_data(4),
+        num_epochs=1,
+        per_device_batch_size=2,
+        create_scheduler_fn=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1),
+    )
+    epoch = ["on_train_epoch_start", *train_batch(True, scheduled=True) * 2, "on_train_epoch_end"]
+    assert log == [
+        "on_init_end",
+        "on_training_run_start",
+        *epoch,
+        "on_training_run_epoch_end",
+        "on_training_run_end",
+    ]
 
 
 def test_accumulation_updates_every_n_batches_and_on_the_partial_last_window() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
@@ -89,8 +90,16 @@ def make_trainer(callbacks: tuple, trainer_class: type[Trainer] = Trainer) -> Tr
 
 def train(trainer: Trainer) -> None:
     trainer.train(
-        make_regression_data(8), num_epochs=2, eval_dataset=make_regression_data(4), per_device_batch_size=2
+        make_regression_data(8),
+        num_epochs=2,
+        eval_dataset=make_regression_data(4),
+        per_device_batch_size=2,
+        create_scheduler_fn=constant_schedule,  # so that scheduler_step runs
     )
+
+
+def constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 # ---------------------------------------------------------------------------- StopTrainingError

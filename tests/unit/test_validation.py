@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import pytorch_accelerated
+from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
     EarlyStoppingCallback,
     LimitBatchesCallback,
@@ -109,6 +110,21 @@ def plot_callback_with(argument: str) -> Callable[[Any], Any]:
         return PlotRunCallback(**{argument: value})
 
     return call
+
+
+class ReturnsEpoch(Trainer):
+    """An override of load_training_state that restores nothing itself and returns an epoch."""
+
+    returned: Any = None
+
+    def load_training_state(self, input_dir: Any) -> dict[str, Any]:
+        return {"current_epoch": self.returned}
+
+
+def train_returning_epoch(value: Any) -> None:
+    trainer = make_trainer(trainer_class=ReturnsEpoch)
+    trainer.returned = value
+    trainer.train(DATA, num_epochs=3, per_device_batch_size=4, resume_from="restored-by-the-override")
 
 
 @dataclass(frozen=True)
@@ -405,6 +421,18 @@ PLACES = [
         wsd_phase_info,
         0,
         (-1, 2.5),
+    ),
+    Place(
+        "load_training_state-current_epoch",
+        "runs.py",
+        "ReturnsEpoch.load_training_state returned",
+        "current_epoch",
+        1,
+        False,
+        train_returning_epoch,
+        2,
+        (0, 2.5, "3"),
+        none_reaches_check=False,  # None: the override returned no epoch, the run starts at 1
     ),
 ]
 BAD_CASES = [

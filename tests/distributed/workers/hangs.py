@@ -13,6 +13,9 @@
   during the first evaluation, and stays alive without taking part (as a script that catches
   the error would); rank 0 must fail after ``PT_ACC_COLLECTIVE_TIMEOUT`` seconds, with a note
   naming its rank and where it was.
+* ``sleep_in_callback``: rank 1 sleeps in a callback longer than the collective timeout, then
+  carries on; rank 0 must fail after the timeout with a note that rank 1 did not reach the
+  collective in time (not that it failed).
 """
 
 from __future__ import annotations
@@ -137,6 +140,22 @@ def fail_and_linger(out: Path, event: str) -> None:
         raise SystemExit(1) from None
 
 
+def sleep_in_callback(out: Path) -> None:
+    """Rank 1 sleeps in ``on_train_step_end`` for 4 collective timeouts, then carries on."""
+    timeout_s = float(os.environ["PT_ACC_COLLECTIVE_TIMEOUT"])
+    inject = Inject(
+        "on_train_step_end", 1, lambda t: time.sleep(4 * timeout_s), lambda t: t.progress.global_step >= 3
+    )
+    started = time.monotonic()
+    try:
+        train(out, inject, handle_signals=())
+        write_result(out, {"error": None})
+    except Exception as error:
+        write_result(out, {"error": repr(error), "notes": getattr(error, "__notes__", []),
+                           "failed_after_s": time.monotonic() - started})  # fmt: skip
+        raise SystemExit(1) from None
+
+
 def main() -> None:
     args = parse_args({"mode": "signal"})
     (args.out / f"pid{rank()}").write_text(str(os.getpid()))
@@ -147,6 +166,8 @@ def main() -> None:
                         lambda t: t.progress.global_step == 5)  # fmt: skip
         train(args.out, inject, save_at_end=False)
         write_result(args.out, {"finished": True})  # never reached: rank 1 dies, rank 0 is ended
+    elif args.mode == "sleep_in_callback":
+        sleep_in_callback(args.out)
     else:
         fail_and_linger(
             args.out, {"raise_in_train": "on_train_step_end", "raise_in_eval": "on_eval_step_end"}[args.mode]
