@@ -219,17 +219,18 @@ class ShardedStreamLoader(DeviceDataLoader):
                 continue
             self._real_batches = number  # the stream ended: its last round shared out, or nothing
             if round_of_batches:
-                share = last_round_shares(round_of_batches, self.num_processes)[self.process_index]
-                self._real_batches += num_rows(share) != 0
-                yield self._to_device(share)
+                shares = last_round_shares(round_of_batches, self.num_processes)
+                real = self.process_index < len(shares)
+                self._real_batches += real
+                yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
             return
 
 
 def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
-    """The last batches of a stream (fewer than ``num_processes``) cut into one share per
-    process, in order: the largest piece is halved until there is a share for every process or
-    every piece holds one sample; the processes left over get zero rows (as do all but the
-    first ``len(batches)`` when a batch's rows cannot be told, see :func:`num_rows`)."""
+    """The last batches of a stream (fewer than ``num_processes``) cut into shares for the first
+    processes, in order: the largest piece is halved until there is a share for every process or
+    every piece holds one sample (the batches as they are when a batch's rows cannot be told,
+    see :func:`num_rows`). The processes left over get no share."""
     pieces = [(batch, 0, num_rows(batch)) for batch in batches]
     while len(pieces) < num_processes and all(stop is not None for _, _, stop in pieces):
         largest = max(range(len(pieces)), key=lambda i: pieces[i][2] - pieces[i][1])  # type: ignore[operator]
@@ -242,7 +243,7 @@ def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
         batch if (start, stop) == (0, num_rows(batch)) else select_rows(batch, slice(start, stop))
         for batch, start, stop in pieces
     ]
-    return shares + [zero_rows(batches[0])] * (num_processes - len(shares))
+    return shares
 
 
 def num_rows(batch: Any) -> int | None:
