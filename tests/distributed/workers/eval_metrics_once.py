@@ -8,7 +8,9 @@ batch's sample indices and predictions in ``on_eval_step_end``, and a ``MeanMetr
 predictions. Then ``predict()`` on the same data. With fewer samples than processes, a process
 without a sample evaluates a batch of zero rows, which torchmetrics' classification metrics
 refuse (their issue 2279): those cases run without the three accuracy metrics. Each rank writes
-what it computed; the test compares it with the value of one process.
+what it computed; the test compares it with the value of one process. With
+``--then-fail-on-zero-rows 1`` on several processes it ends by evaluating 1 sample with a model
+that cannot take zero rows, which fails (the test reads the message).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ class AccuracyTrainer(Trainer):
 def main() -> None:
     from common import parse_args, write_result  # here: the test imports this file for its factories
 
-    args = parse_args({"cases": "[]"})
+    args = parse_args({"cases": "[]", "then-fail-on-zero-rows": 0})
     recorder = GatherInEvalStepEnd()
     accuracies = (AccuracyCallback(NUM_CLASSES), ClassificationMetricsCallback(NUM_CLASSES))
     model, loss = make_classifier(), nn.CrossEntropyLoss()
@@ -177,6 +179,22 @@ def main() -> None:
             "predict": trainer.predict(dataset, per_device_batch_size=batch_size).tolist(),
         }
     write_result(args.out, result)
+    if args.then_fail_on_zero_rows and num_processes > 1:
+        # 1 sample: process 1's padding batch of zero rows meets a model that cannot take it.
+        Trainer(ViewModel(), loss, None, callbacks=()).evaluate(
+            ClassificationData(1), per_device_batch_size=1
+        )
+
+
+class ViewModel(nn.Module):
+    """A classifier whose forward cannot take zero rows (``view(x.size(0), -1)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = make_classifier()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.view(x.size(0), -1))
 
 
 if __name__ == "__main__":
