@@ -6,9 +6,11 @@ shards its batches across processes.
 
 Evaluation uses :class:`ShardedEvalBatchSampler` (or, for a stream, :class:`ShardedStreamLoader`):
 every process gets the same number of batches (so collective calls made per batch line up and
-never hang) and every sample exactly once. Where a process has too few samples for that, it
-ends with *padding* batches (a repeated sample) that the loader marks (``num_real_batches``): the
-Trainer does not count them in the loss and ``gather_for_metrics`` takes nothing from them.
+never hang) and every sample exactly once, each batch with samples of its own. Only a process
+with no sample at all (fewer samples than processes), and a stream's processes left without a
+batch in its last round, get a *padding* batch of zero rows (:func:`zero_rows`: a real sample's
+batch with every tensor cut to ``[:0]``) that the loader marks (``num_real_batches``): events
+fire and the model runs on it, but no sample is seen twice (docs/inside-the-trainer.md, "Evaluation").
 
 Before a run, :func:`check_same_data_on_every_process` compares a fingerprint of the data sets
 across processes, since a data set that differs (e.g. an unseeded ``random_split``) silently
@@ -17,12 +19,13 @@ mixes evaluation samples into training, or hangs the run.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -86,14 +89,19 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
     """Splits ``range(num_samples)`` over processes, each sample once, in equal batch counts.
 
     Process ``p`` takes indices ``p, p + P, p + 2P, ...``; these are cut into
-    ``ceil(ceil(N / P) / batch_size)`` batches, all full but the last ones, none empty. A process
-    with fewer samples than that (e.g. 3 samples in batches of 1 on 2 processes) ends with
-    padding batches of one repeated sample: the first ``num_real_batches`` batches are its own.
+    ``ceil(ceil(N / P) / batch_size)`` batches, all full but the last ones, none empty. Where a
+    process has fewer samples than that (only with ``batch_size`` 1, when ``P`` does not divide
+    ``N``), every process runs as many batches as the shortest has samples, and the longer ones
+    evaluate one batch of 2: every batch of every process holds samples of its own. Only a
+    process with no sample at all (``N < P``) gets one padding batch (``num_real_batches`` 0),
+    which the loaders cut to zero rows (:func:`zero_rows`).
 
     >>> [list(ShardedEvalBatchSampler(3, 1, num_processes=2, process_index=p)) for p in (0, 1)]
-    [[[0], [2]], [[1], [1]]]
-    >>> ShardedEvalBatchSampler(3, 1, num_processes=2, process_index=1).num_real_batches
-    1
+    [[[0, 2]], [[1]]]
+    >>> [list(ShardedEvalBatchSampler(1, 1, num_processes=2, process_index=p)) for p in (0, 1)]
+    [[[0]], [[0]]]
+    >>> ShardedEvalBatchSampler(1, 1, num_processes=2, process_index=1).num_real_batches
+    0
     """
 
     def __init__(self, num_samples: int, batch_size: int, num_processes: int = 1, process_index: int = 0):
@@ -101,22 +109,24 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.num_processes = num_processes
         self.process_index = process_index
-        self.num_batches = math.ceil(math.ceil(num_samples / num_processes) / batch_size)
+        fewest = num_samples // num_processes  # the samples of the shortest process
+        self.num_batches = max(1, min(math.ceil(math.ceil(num_samples / num_processes) / batch_size), fewest))
         self.indices = range(process_index, num_samples, num_processes)
-        #: Batches holding this process's own samples; the ones after them only pad.
-        self.num_real_batches = min(self.num_batches, len(self.indices))
+        #: Batches holding this process's own samples: all, or none (a process without samples).
+        self.num_real_batches = self.num_batches if self.indices else 0
 
     def __iter__(self) -> Iterator[list[int]]:
+        if not self.indices:  # cut to zero rows by the loader; the sample gives their structure
+            yield [0]
+            return
         start, count = 0, len(self.indices)
-        for batch_number in range(self.num_real_batches):
-            batches_after = self.num_real_batches - batch_number - 1
+        largest = max(self.batch_size, math.ceil(count / self.num_batches))
+        for batch_number in range(self.num_batches):
+            batches_after = self.num_batches - batch_number - 1
             # Leave at least one sample for each batch still to come, so none is empty.
-            size = min(self.batch_size, count - start - batches_after)
+            size = min(largest, count - start - batches_after)
             yield list(self.indices[start : start + size])
             start += size
-        padding = self.indices[0] if self.indices else 0
-        for _ in range(self.num_batches - self.num_real_batches):
-            yield [padding]
 
     def __len__(self) -> int:
         return self.num_batches
@@ -147,8 +157,9 @@ class DeviceDataLoader:
         return len(self.dataloader)
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self.dataloader:
-            yield self._to_device(batch)
+        real = self.num_real_batches
+        for number, batch in enumerate(self.dataloader):
+            yield self._to_device(batch if real is None or number < real else zero_rows(batch))
 
     def _to_device(self, batch: Any) -> Any:
         """accelerate's ``send_to_device``, with a shortcut for the usual batch (a tuple or list
@@ -173,9 +184,11 @@ class ShardedStreamLoader(DeviceDataLoader):
     each batch evaluated once.
 
     Every process reads the whole stream, which must yield the same batches on each, and keeps
-    batches ``p, p + P, ...``. When the stream ends within a round of ``P`` batches, the
-    processes left without one get a padding batch (the round's first batch again), so all
-    have the same number; ``num_real_batches`` is set once the end is seen.
+    batches ``p, p + P, ...``. When the stream ends within a round of ``P`` batches, that last
+    round is cut into one share per process (:func:`last_round_shares`), so all have the same
+    number of batches, each with samples of its own while there are enough; a process left
+    without any gets a padding batch of zero rows (:func:`zero_rows`). ``num_real_batches`` is
+    set once the end is seen.
     """
 
     def __init__(
@@ -201,15 +214,86 @@ class ShardedStreamLoader(DeviceDataLoader):
         batches = iter(self.dataloader)
         for number in itertools.count():
             round_of_batches = list(itertools.islice(batches, self.num_processes))
-            if len(round_of_batches) <= self.process_index:  # the stream ended: pad, or stop
-                self._real_batches = number
-                if round_of_batches:
-                    yield self._to_device(round_of_batches[0])
-                return
-            yield self._to_device(round_of_batches[self.process_index])
-            if len(round_of_batches) < self.num_processes:
-                self._real_batches = number + 1
-                return
+            if len(round_of_batches) == self.num_processes:
+                yield self._to_device(round_of_batches[self.process_index])
+                continue
+            self._real_batches = number  # the stream ended: its last round shared out, or nothing
+            if round_of_batches:
+                shares = last_round_shares(round_of_batches, self.num_processes)
+                real = self.process_index < len(shares)
+                self._real_batches += real
+                yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
+            return
+
+
+def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
+    """The last batches of a stream (fewer than ``num_processes``) cut into shares for the first
+    processes, in order: the largest piece is halved until there is a share for every process or
+    every piece holds one sample (the batches as they are when a batch's rows cannot be told,
+    see :func:`num_rows`). The processes left over get no share."""
+    pieces = [(batch, 0, num_rows(batch)) for batch in batches]
+    while len(pieces) < num_processes and all(stop is not None for _, _, stop in pieces):
+        largest = max(range(len(pieces)), key=lambda i: pieces[i][2] - pieces[i][1])  # type: ignore[operator]
+        batch, start, stop = pieces[largest]
+        if stop - start < 2:  # type: ignore[operator]
+            break
+        middle = (start + stop + 1) // 2  # type: ignore[operator]
+        pieces[largest : largest + 1] = [(batch, start, middle), (batch, middle, stop)]
+    shares = [
+        batch if (start, stop) == (0, num_rows(batch)) else select_rows(batch, slice(start, stop))
+        for batch, start, stop in pieces
+    ]
+    return shares
+
+
+def num_rows(batch: Any) -> int | None:
+    """The samples in ``batch``: the length of its first tensor (of at least one dim) or list of
+    per-sample values, as :func:`select_rows` sees it; None where it has neither."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else None
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(batch, (list, tuple)) and not _holds_structure(batch):
+        return len(batch)
+    if isinstance(batch, (Mapping, list, tuple)):
+        return next((rows for value in values if (rows := num_rows(value)) is not None), None)
+    return None
+
+
+def _holds_structure(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether a list or tuple in a batch is structure (holds tensors or containers), not one value per sample."""
+    return any(isinstance(item, (torch.Tensor, Mapping, list, tuple)) for item in values)
+
+
+def zero_rows(batch: Any) -> Any:
+    """``batch`` with no sample in it (:func:`select_rows` of none): the structure, dtypes and
+    trailing shapes of a real batch.
+
+    >>> zero_rows({"x": torch.ones(2, 3), "names": ["a", "b"]})
+    {'x': tensor([], size=(0, 3)), 'names': []}
+    """
+    return select_rows(batch, slice(0, 0))
+
+
+def select_rows(batch: Any, rows: slice) -> Any:
+    """The samples ``rows`` of ``batch``: each tensor of it cut to ``[rows]`` along dim 0 (dtype
+    and trailing shape kept; a 0-d tensor stays), each list or tuple of per-sample values
+    (strings, numbers, as a collate function makes of them) too; mappings, tuples and lists of
+    tensors keep their structure and type. Anything else is kept as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch[rows] if batch.dim() else batch
+    if isinstance(batch, Mapping):
+        selected = {key: select_rows(value, rows) for key, value in batch.items()}
+        if isinstance(batch, MutableMapping):  # the same type (a transformers BatchEncoding too)
+            same = copy.copy(batch)
+            same.update(selected)
+            return same
+        return selected
+    if isinstance(batch, (list, tuple)):
+        if not _holds_structure(batch):
+            return batch[rows]  # one value per sample
+        items = [select_rows(item, rows) for item in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
 
 
 def prepare_eval_dataloader(accelerator: Accelerator, dataloader: Any) -> Any:

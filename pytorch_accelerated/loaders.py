@@ -1,7 +1,7 @@
 """The data loaders of a Trainer's run: :class:`RunLoaders` (``trainer.loaders``) makes them from the
 default arguments merged with the user's, remembers what they were made with and the run's seed,
 and holds them once prepared for distribution; it also tells the training loader the epoch and
-marks the padding batches of an evaluation (:meth:`RunLoaders.eval_batches`).
+marks the padding batches (of zero rows) of an evaluation (:meth:`RunLoaders.eval_batches`).
 
 The Trainer's overridable methods decide what is made: ``get_default_*_dl_kwargs`` give the
 default ``DataLoader`` arguments and ``create_*_dataloader`` build the loaders through this part.
@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
+from ._internal.errors import add_note
 from ._internal.process_group import shared_random_seed
 from .data import (
     ReproducibleShuffleSampler,
@@ -126,6 +127,21 @@ class RunLoaders:
                 yield batch
         finally:
             self.eval_batch_is_padding = False
+
+    def explain_padding_failure(self, error: Exception) -> None:
+        """Add a note to ``error``, raised by an evaluation or prediction step, when the step's
+        batch was a padding batch of zero rows: what it is and how to make the code take it."""
+        if self.eval_batch_is_padding:
+            add_note(
+                error,
+                f"Raised on a padding batch of zero rows: process {self.accelerator.process_index} "
+                f"has no sample left (fewer samples than processes, or a stream's last batches), so "
+                f"it runs a batch with the structure of a real one and no rows, to stay in step with "
+                f"the others. Make the model and your metric accept zero rows (e.g. torch.flatten(x, 1) "
+                f"instead of x.view(x.size(0), -1); torchmetrics' classification metrics refuse "
+                f"them: update them only when the batch has rows), or evaluate at least as many "
+                f"samples as processes. See docs/inside-the-trainer.md, 'Evaluation across processes'.",
+            )
 
     @staticmethod
     def set_epoch(dataloader: Any, epoch: int, sampler: Any) -> None:

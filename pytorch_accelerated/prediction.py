@@ -4,7 +4,7 @@ order, each sample exactly once on any number of processes.
 Prediction runs on evaluation's loaders: ``create_eval_dataloader`` gives each process its own
 share of the samples (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`: process
 ``p`` of ``P`` takes samples ``p, p + P, ...``), all processes run the same number of batches,
-and the padding batches that even them out (see
+and the padding batches of zero rows that even them out (see
 :attr:`~pytorch_accelerated.trainer.Trainer.eval_batch_is_padding`) contribute nothing. After
 each batch, the outputs and the indices of their samples are gathered from every process and
 moved to the CPU, so device memory holds one batch at a time; at the end the rows are put back
@@ -119,6 +119,8 @@ def _predict_batches(
     gathered: list[list[torch.Tensor]] = []
     for batch, sample_indices in zip(batches, loader.batch_sampler, strict=True):
         outputs = predict_batch(batch)
+        if padding():  # a batch of zero rows (the sampler names the sample it was cut from)
+            sample_indices = []
         leaves = output_leaves(outputs)
         if structure is None:
             structure, paths = outputs, [path for path, _ in leaves]
@@ -230,10 +232,8 @@ def gather_rows(
     accelerator: Accelerator, tensors: list[torch.Tensor], padding_value: float, padding: bool
 ) -> list[torch.Tensor]:
     """Gather ``tensors`` (each with one row per sample) from every process onto the CPU, their
-    dims beyond 0 first padded to the largest on any process; a ``padding`` batch adds no row
-    and its sizes do not count."""
-    if padding:
-        tensors = [tensor[:0] for tensor in tensors]
+    dims beyond 0 first padded to the largest on any process; a ``padding`` batch (zero rows)
+    adds no row and its sizes do not count."""
     if accelerator.num_processes > 1:
         local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]]
         sizes = torch.tensor(local or [0], dtype=torch.int64, device=accelerator.device)

@@ -191,7 +191,14 @@ def predict(
     trainer._prepare_model_optimizer_and_dataloaders()
     loader = prepare_eval_dataloader(trainer.accelerator, loader)
     batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
-    step = trainer.calculate_predict_batch_outputs
+
+    def step(batch: Any) -> Any:
+        try:
+            return trainer.calculate_predict_batch_outputs(batch)
+        except Exception as error:
+            loaders.explain_padding_failure(error)
+            raise
+
     return prediction.predict(
         trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
     )

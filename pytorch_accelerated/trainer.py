@@ -410,14 +410,11 @@ class Trainer:
         eval_loss.reset()
         with torch.no_grad():
             for batch in self.loaders.eval_batches(eval_dl):
-                self.callback_handler.call_event("on_eval_step_start", self)
-                batch_output = self.calculate_eval_batch_loss(batch)
-                check_batch_output(batch_output, "calculate_eval_batch_loss")
-                if not self.eval_batch_is_padding:  # a repeated sample, to even out batch counts
-                    eval_loss.update(batch_output["loss"], batch_output["batch_size"])
-                self.callback_handler.call_event(
-                    "on_eval_step_end", self, batch=batch, batch_output=batch_output
-                )
+                try:
+                    self._run_eval_step(batch, eval_loss)
+                except Exception as error:
+                    self.loaders.explain_padding_failure(error)
+                    raise
         # Computed before the end events: a callback there may run another evaluation.
         mean = self.run_state.last_eval_loss = mean_over_processes(
             self._accelerator, eval_loss.running_total, eval_loss.count
@@ -427,6 +424,14 @@ class Trainer:
                 "evaluation_loss" if is_evaluation_run else "eval_loss_epoch", mean
             )
         self._run_method_then_event("eval_epoch_end", is_intermediate=is_intermediate)
+
+    def _run_eval_step(self, batch: Any, eval_loss: LossTracker) -> None:
+        self.callback_handler.call_event("on_eval_step_start", self)
+        batch_output = self.calculate_eval_batch_loss(batch)
+        check_batch_output(batch_output, "calculate_eval_batch_loss")
+        if not self.eval_batch_is_padding:  # zero rows, to even out batch counts
+            eval_loss.update(batch_output["loss"], batch_output["batch_size"])
+        self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
 
     def run_eval_epoch(
         self,
@@ -525,13 +530,17 @@ class Trainer:
         self.model.eval()
 
     def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
-        """Return ``{"loss", "model_outputs", "batch_size"}`` for an evaluation batch."""
+        """Return ``{"loss", "model_outputs", "batch_size"}`` for an evaluation batch (for a batch
+        of zero rows, a padding batch, the loss is 0 and ``loss_func`` is not called)."""
         inputs, targets = unpack_batch(batch, "calculate_eval_batch_loss")
         model_outputs = self.model(inputs)
+        batch_size = batch_size_of(inputs)
         return {
-            "loss": self._loss(model_outputs, targets, "calculate_eval_batch_loss"),
+            "loss": self._loss(model_outputs, targets, "calculate_eval_batch_loss")
+            if batch_size
+            else torch.zeros((), device=self.device),
             "model_outputs": model_outputs,
-            "batch_size": batch_size_of(inputs),
+            "batch_size": batch_size,
         }
 
     def eval_epoch_end(self) -> None:
@@ -582,12 +591,14 @@ class Trainer:
         return gather(self._accelerator, tensor, padding_value)
 
     def gather_for_metrics(self, data: Any) -> Any:
-        """Gather nested tensors from every process, each sample once (nothing from a padding batch)."""
+        """Gather nested tensors from every process, each sample once (nothing from a padding batch,
+        not even a 0-d tensor)."""
         return gather_ragged(self._accelerator, data, padding=self.loaders.eval_batch_is_padding)
 
     @property
     def eval_batch_is_padding(self) -> bool:
-        """True while an evaluation batch only repeats a sample (to even out the processes' batches)."""
+        """True while an evaluation batch is a padding batch of zero rows (that evens out the
+        processes' batch counts; docs/inside-the-trainer.md, "Evaluation")."""
         return self.loaders.eval_batch_is_padding
 
     def any_process(self, flag: bool | torch.Tensor) -> bool:

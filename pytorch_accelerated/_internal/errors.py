@@ -1,4 +1,5 @@
-"""The exception that ends a run cleanly, defined below every layer that raises it.
+"""The exception that ends a run cleanly, defined below every layer that raises it, and
+:func:`add_note`.
 
 It is public as :class:`pytorch_accelerated.callbacks.StopTrainingError`; it lives here so
 that the checkpoint layer, which may not import the callbacks, can raise stops of its own.
@@ -19,3 +20,11 @@ class StopTrainingError(Exception):
 
 
 StopTrainingError.__module__ = "pytorch_accelerated.callbacks"
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``; on Python 3.10, the note where 3.11's traceback would look for it."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]

@@ -2,7 +2,8 @@
 
 With accelerate's default even batches, N=37 or N=9 with B=4 would give one process padded
 duplicates (N=9: the second round of batches would be padding only on process 1; N=3: all of
-process 1's batch); these must neither be evaluated twice nor weigh in the evaluation loss.
+process 1's batch); here no sample is evaluated twice, seen twice by a callback or weighs in the
+evaluation loss twice.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tests.launch import launch_workers
 
 PER_DEVICE_BATCH = 4
 SIZES = [37, 9, 3]
-#: Every size >= 1 with any batch size: some need a padding batch (e.g. 3 samples, batch 1).
+#: Every size >= 1 with any batch size: 1 sample leaves process 1 a padding batch of zero rows;
+#: 3, 5 or 33 samples in batches of 1 give process 0 one batch of 2.
 GRID = [(num_samples, batch_size) for num_samples in (1, 2, 3, 5, 33) for batch_size in (1, 3)]
 
 
@@ -165,10 +167,17 @@ def test_any_size_and_batch_size_evaluates_each_sample_once_as_one_process_would
         for run in runs
     ]
     assert sorted(own[0] + own[1]) == list(range(num_samples))
-    for run in runs:  # padding batches (a repeated sample) only ever come last
-        assert run["padding"] == sorted(run["padding"])
+    for run in runs:  # a padding batch has zero rows: the callback sees no sample of it
+        assert all(
+            batch == [] for batch, pad in zip(run["local_batches"], run["padding"], strict=True) if pad
+        )
 
 
-def test_a_process_with_too_few_samples_gets_marked_padding_batches(ranks: list[dict[str, Any]]) -> None:
-    assert [result["grid_3_1"]["padding"] for result in ranks] == [[False, False], [False, True]]
+def test_only_a_process_without_samples_gets_a_padding_batch_of_zero_rows(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # 3 samples in batches of 1: no padding, process 0 takes samples 0 and 2 in one batch.
+    assert [result["grid_3_1"]["padding"] for result in ranks] == [[False], [False]]
+    assert [result["grid_3_1"]["local_batches"] for result in ranks] == [[[0, 2]], [[1]]]
     assert [result["grid_1_3"]["padding"] for result in ranks] == [[False], [True]]
+    assert [result["grid_1_3"]["local_batches"] for result in ranks] == [[[0]], [[]]]

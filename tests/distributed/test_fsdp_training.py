@@ -62,6 +62,10 @@ def test_training_under_fsdp2_gives_the_losses_of_ddp(run: WorkerRun) -> None:
         assert_close(fsdp["evaluation"], ddp["evaluation"])
         assert len(fsdp["predictions"]) == 40 * 2  # every sample's 2 outputs, in data-set order
         assert_close(fsdp["predictions"], ddp["predictions"])
+        # 1 sample on 2 processes: process 1's forward (FSDP's all-gathers) runs on zero rows.
+        assert_close(fsdp["one_sample"], ddp["one_sample"])
+        assert_close(fsdp["one_sample_predictions"], ddp["one_sample_predictions"])
+        assert len(fsdp["one_sample_predictions"]) == 2
         # Clipping by value works on the sharded gradients (elementwise): DDP's losses, which it changed.
         assert_close(fsdp["clipped_by_value"], ddp["clipped_by_value"])
         assert not math.isclose(

@@ -2,7 +2,7 @@
 
 13 samples in batches of 4 split 7 / 6 over the processes (strided), the sequences of the ragged
 case are padded to a different length in each batch, and 1 sample leaves the second process
-with only a padding batch. The 1-process reference runs the worker's own factories here, and a
+with only a padding batch of zero rows. The 1-process reference runs the worker's own factories here, and a
 plain-PyTorch oracle checks the nested case.
 """
 

@@ -128,7 +128,14 @@ def test_evaluation_shards_take_each_sample_once_in_equal_batch_counts(
         for i in batch
     ]
     assert sorted(own) == list(range(num_samples))
-    assert all(len(batch) <= batch_size for share in shares for batch in share)
+    # Every batch of a process with samples is its own; only a process without one pads (once).
+    assert [sampler.num_real_batches for sampler in samplers] == [
+        len(share) if p < num_samples else 0 for p, share in enumerate(shares)
+    ]
+    # Batch size 1 on a set that P does not divide: the longer processes take one batch of 2.
+    two = batch_size == 1 and num_samples > num_processes and num_samples % num_processes
+    sizes = [len(batch) for share in shares for batch in share]
+    assert max(sizes) == 2 if two else max(sizes) <= batch_size
 
 
 @pytest.mark.parametrize("num_processes", [2, 3])
@@ -143,10 +150,15 @@ def test_a_stream_is_split_by_batches_with_marked_padding(num_batches: int, num_
     ]
     assert {len(share) for share in batches} == {math.ceil(num_batches / num_processes)}
     own = [x for share in batches for number, x, real in share if real is None or number < real]
-    torch.testing.assert_close(
-        torch.cat(sorted(own, key=lambda x: x[0, 0].item())),
-        torch.cat(sorted(loader_x(loader), key=lambda x: x[0, 0].item())),
-    )
+    by_first_column = [torch.cat(rows) for rows in (own, loader_x(loader))]
+    torch.testing.assert_close(*(rows[rows[:, 0].argsort()] for rows in by_first_column))
+    # The last round's batches (of 2) are shared out: zero rows (marked padding) only for the
+    # processes left over when it has fewer samples than processes.
+    last_round = num_batches % num_processes
+    empty = [len(x) == 0 for share in batches for number, x, real in share]
+    marked = [real is not None and number >= real for share in batches for number, x, real in share]
+    assert empty == marked
+    assert sum(empty) == (max(0, num_processes - 2 * last_round) if last_round else 0)
 
 
 def loader_x(loader: DataLoader) -> list[torch.Tensor]:

@@ -32,6 +32,7 @@ from pytorch_accelerated.callbacks import ModelEmaCallback
 
 TRAIN = common.RegressionDataset(72)  # 72 / (2 x 8) = 4.5: 5 batches a process, windows of 2, 2, 1
 EVAL = common.RegressionDataset(40, seed=2)
+ONE_SAMPLE = common.RegressionDataset(1, seed=2)
 RUN = {"per_device_batch_size": 8, "gradient_accumulation_steps": 2}
 
 
@@ -63,6 +64,9 @@ def runs(trainer_class: type[Trainer], out: Path, name: str) -> dict[str, Any]:
     trainer.save_checkpoint(out / f"{name}.pt")
     result["evaluation"] = trainer.evaluate(EVAL)["evaluation_loss"]
     result["predictions"] = trainer.predict(EVAL).flatten().tolist()
+    # 1 sample: process 1 runs the sharded model's forward on a padding batch of zero rows.
+    result["one_sample"] = trainer.evaluate(ONE_SAMPLE, per_device_batch_size=1)["evaluation_loss"]
+    result["one_sample_predictions"] = trainer.predict(ONE_SAMPLE).flatten().tolist()
     result["model"] = {
         "class": type(trainer.get_model()).__name__,
         "sharded": [

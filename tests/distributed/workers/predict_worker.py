@@ -3,8 +3,8 @@
 Each rank writes the predictions it got for every case of :data:`CASES`: a model with nested
 outputs on 13 samples in batches of 4, per-token outputs of sequences padded to the longest of
 their batch (so their length differs between batches and processes), the same on 3 samples
-in batches of 1 (the second process's padding batch has longer outputs than the other's real
-one), 1 sample (the second process has only a padding batch), and predictions after training. The factories only need torch and pytorch_accelerated, so the
+in batches of 1 (the first process takes samples 0 and 2 in one batch), 1 sample (the second
+process has only a padding batch of zero rows), and predictions after training. The factories only need torch and pytorch_accelerated, so the
 test imports this file to make the same predictions in one process.
 """
 
@@ -81,7 +81,7 @@ def make_case(name: str) -> tuple[Trainer, Any, dict[str, Any]]:
             "padding_value": PADDING_VALUE,
             "per_device_batch_size": BATCH_SIZE,
         }
-        if name == "ragged_padding":  # the padding batch repeats sample 1 (4 tokens) beside sample 2 (2)
+        if name == "ragged_padding":  # process 0 pads sample 0 (1 token) to sample 2's 2; 1 has 4
             return trainer, Sequences(3), {**kwargs, "per_device_batch_size": 1}
         return trainer, Sequences(13), kwargs
     num_samples = 1 if name == "one_sample" else 13
