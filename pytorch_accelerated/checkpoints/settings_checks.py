@@ -82,12 +82,24 @@ def check_optimizer(objects: TrainingObjects, directory: Path, state: dict[str, 
                 f"parameters. {fix}"
             )
     if isinstance(saved, dict) and saved.get("param_groups"):
-        lacking = sorted(set(optimizer.param_groups[0]) - set(saved["param_groups"][0]) - set(SCHEDULE_KEYS))
+        lacking = _lacking_after_load(optimizer, saved["param_groups"])
         if lacking:
             raise ValueError(
                 f"{directory} holds an optimizer state whose parameter groups lack {lacking}, which this run's "
                 f"{now_class} needs: it was saved with another optimizer. {fix}"
             )
+
+
+def _lacking_after_load(optimizer: Any, saved_groups: list[dict[str, Any]]) -> list[str]:
+    """The settings of ``optimizer``'s groups that the saved groups lack even after the defaults
+    torch fills in on load (its ``__setstate__``: settings added by newer torch versions)."""
+    groups = [dict(group) for group in saved_groups]
+    probe = object.__new__(type(optimizer))
+    try:
+        probe.__setstate__({"defaults": dict(optimizer.defaults), "state": {}, "param_groups": groups})
+    except Exception:  # an optimizer whose __setstate__ needs more: torch's own load decides
+        return []
+    return sorted(set(optimizer.param_groups[0]) - set(groups[0]) - set(SCHEDULE_KEYS))
 
 
 def _describe(shapes: list[list[list[int]]]) -> str:
@@ -132,7 +144,7 @@ def changes(objects: TrainingObjects, state: dict[str, Any], saved_optimizer: An
     found = []
     config = objects.run_config
     recorded = state.get("run_settings") or {}
-    if "seed" in recorded and config is not None and recorded["seed"] != config.seed:
+    if recorded.get("seed") is not None and config is not None and recorded["seed"] != config.seed:
         found.append(
             f"seed={config.seed} is not used: the saved seed {recorded['seed']} orders the epochs, and the RNGs "
             f"continue from their saved states"
