@@ -696,6 +696,7 @@ class Trainer:
         ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
         ...     resumed = new_trainer()
         ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
+        Resumed from .../after-epoch-1, the newest usable state in ... (update 4; training continues with epoch 2)
         >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
         12
         """

@@ -50,14 +50,21 @@ def number(name: str, value: Any) -> float:
 
 
 def flat_hyperparameters(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``values`` flattened to ``{"a.b": v}`` with every value a bool, int, float or str."""
+    """``values`` flattened to ``{"a.b": v}`` with every value a bool, int, float or str: a
+    ``torch.Generator`` as its ``initial_seed()``, an object whose text is the default
+    ``<... object at 0x...>`` as its class name (what every tracker logs: one path)."""
     flat: dict[str, Any] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flat_hyperparameters(value, f"{name}."))
+        elif isinstance(value, torch.Generator):
+            flat[name] = value.initial_seed()
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
         else:
-            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+            text = str(value)
+            flat[name] = type(value).__qualname__ if " object at 0x" in text else text
     return flat
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._internal.distributed import ranks_where
 from . import files
+from .directories import temporary_dir_for
 
 
 def attempt(action: Callable[..., Any], *args: Any) -> Exception | None:
@@ -53,17 +54,29 @@ class CollectiveSave:
             raise files.CheckpointWriteError(
                 None,
                 f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-                f"write it (its output says why). Nothing was written; {self.kept}.",
+                f"write it (its output says why). {_left_behind(target)}; {self.kept}.",
                 target,
             )
         if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
             raise files.CheckpointWriteError(
                 error.errno,
-                f"Could not save {what} to {target}: {error.message}. Nothing was written; "
+                f"Could not save {what} to {target}: {error.message}. {_left_behind(target)}; "
                 f"{self.kept}. {files.write_hint(error, target)}",
                 target,
             ) from error
         raise error
+
+
+def _left_behind(target: Path) -> str:
+    """What a failed save left: nothing, or a hidden directory that its clean-up could not remove
+    (a folder that turned read-only or immutable)."""
+    hidden = temporary_dir_for(target)
+    if not hidden.exists():
+        return "Nothing was written"
+    return (
+        f"Nothing was published, but the hidden directory {hidden} could not be removed (is {target.parent} "
+        f"read-only?): remove it once the folder is writable again (it is never taken for a state)"
+    )
 
 
 def saves_on_each_node(accelerator: Any) -> bool:

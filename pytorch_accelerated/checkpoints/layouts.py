@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import files, finite, original_states, resume, sharded, state_checks
+from . import files, finite, original_states, resume, settings_checks, sharded, state_checks
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import read_manifest, sync_files
 from .rng import capture_rng_states
@@ -83,9 +83,22 @@ class StateLayout(ABC):
         """Load the model, the optimizer and the other objects saved whole (every process)."""
 
     def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:
-        """Check the run's settings against the saved ones before anything is loaded; return where
-        a state saved mid-epoch on other settings continues (None: at its saved position)."""
-        return resume.check_run_settings(objects, loaded.directory, loaded.manifest, loaded.trainer_state)
+        """Check the run's settings against the saved ones before anything is loaded (refusing a
+        change, or announcing it in one warning); return where a state saved mid-epoch on other
+        settings continues (None: at its saved position)."""
+        directory, state, saved_optimizer = (
+            loaded.directory,
+            loaded.trainer_state,
+            loaded.objects.get("optimizer.pt"),
+        )
+        notices = settings_checks.check_training_set(
+            objects, directory, state, loaded.manifest["batch_index"] > 0
+        )
+        mapped = resume.check_run_settings(objects, directory, loaded.manifest, state)
+        settings_checks.announce(
+            directory, notices + settings_checks.changes(objects, state, saved_optimizer)
+        )
+        return mapped
 
 
 class PlainLayout(StateLayout):
@@ -361,6 +374,7 @@ def trainer_state(
         "run_history": files.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
         **run_state,
+        "run_settings": settings_checks.run_settings(objects),
         "checkpoint_kwargs": extra,
     }
 

@@ -23,7 +23,7 @@ from accelerate.utils import set_seed
 from .._internal.distributed import print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import files, finite, resume, sharded
+from . import files, finite, resume, settings_checks, sharded
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -250,12 +250,16 @@ class TrainingStateStore:
         """
         self.wait()  # a state still being written in the background
         loaded = self._choose(objects, input_dir)
-        layout = loaded.layout
+        layout, directory, state = loaded.layout, loaded.directory, loaded.trainer_state
+        settings_checks.check_optimizer(objects, directory, state, loaded.objects.get("optimizer.pt"))
         mapped = layout.map_position(loaded, objects) if self._resuming else None
         layout.load(loaded, objects, self._resuming)
-        resume.restore_position(objects, loaded.trainer_state, loaded.process_state)
+        resume.restore_position(objects, state, loaded.process_state)
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
+            if objects.accelerator.is_main_process:
+                line = settings_checks.resume_line(objects, directory, Path(input_dir), state)
+                print_once_per_node(objects.accelerator, line)
         objects.run_state.pending_resume = {
             "callbacks": loaded.trainer_state["callbacks"],
             "rng": loaded.process_state["rng"],

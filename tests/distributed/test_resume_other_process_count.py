@@ -148,7 +148,7 @@ class Events(TrainerCallback):
         ),
         ("map", {"shuffle": False}, "train_dataloader_kwargs has shuffle=False"),
         ("stream", {}, "the training set (Stream) is a stream (an IterableDataset)"),
-        ("short", {}, "saved mid-epoch with 28 training samples, but this run's training set has 20 samples"),
+        ("short", {}, "saved mid-epoch over a training set of 28 samples, but this run's has 20"),
     ],
     ids=["custom-sampler", "no-shuffle", "iterable-dataset", "other-training-set"],
 )

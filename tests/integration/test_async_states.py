@@ -167,3 +167,25 @@ def test_failing_background_write_raises_at_the_next_save_and_at_the_end_of_the_
     # The failed states left nothing; the save at step 3 did not run (the error came first).
     assert sorted(path.name for path in states.iterdir()) == ["step_1"]
     assert read_manifest(states / "step_1")["global_step"] == 1
+
+
+def test_a_folder_that_turns_unwritable_during_a_background_save_is_named_with_what_was_left(
+    tmp_path: Path,
+) -> None:
+    finished = run_worker(tmp_path, "readonly")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    if result["writable"]:
+        pytest.skip("neither chattr +i nor chmod made the folder unwritable here")
+    states = tmp_path / "states"
+    message = result["error"]["message"]
+    assert result["error"]["type"] == "CheckpointWriteError", result["error"]
+    assert message.startswith(f"Could not save the training state to {states / 'step_1'}: ")
+    # Its clean-up could not remove the hidden directory from the unwritable folder: said, not denied.
+    assert result["left"] == [".step_1.incomplete"]
+    assert "Nothing was written" not in message
+    assert (
+        f"Nothing was published, but the hidden directory {states / '.step_1.incomplete'} could not be removed "
+        f"(is {states} read-only?): remove it once the folder is writable again (it is never taken for a state); "
+        "the previous states are intact."
+    ) in message

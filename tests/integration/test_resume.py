@@ -596,7 +596,9 @@ def test_mid_epoch_resume_with_a_different_training_set_is_refused_before_traini
 ) -> None:
     trainer, log, before = make_recording_trainer()
     datasets = (rw.RegressionData(70, seed=1), rw.RegressionData(rw.NUM_EVAL_SAMPLES, seed=2))
-    with pytest.raises(ValueError, match="saved mid-epoch with 17 batches per epoch, but this run has 18"):
+    with pytest.raises(
+        ValueError, match="saved mid-epoch over a training set of 66 samples, but this run's has 70"
+    ):
         rw.train(trainer, resume_from=state(reference[0]["states"], 4), datasets=datasets)
     assert_nothing_trained(trainer, log, before)
 

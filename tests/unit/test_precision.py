@@ -97,6 +97,21 @@ def test_bf16_on_the_cpu_runs_the_forward_pass_in_bf16_and_trains_like_fp32() ->
     assert losses["bf16"] == pytest.approx(losses["no"], rel=0.1)
 
 
+def test_after_a_bf16_run_the_users_model_runs_in_bf16_until_unwrapped_without_the_fp32_wrapper() -> None:
+    """docs/recipes/precision.md, "Your model after a mixed-precision run"."""
+    model = make_model()
+    trainer = precision_trainer("bf16", model)
+    trainer.train(make_data(16), num_epochs=1, per_device_batch_size=8)
+    seen = record_inner_dtypes(model)
+    features = torch.randn(2, 4)
+    assert model(features).dtype == torch.float32 and seen == [torch.bfloat16]  # patched by accelerate
+    assert trainer.get_model() is model  # the same, patched object
+    plain = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    assert plain is model
+    model(features)
+    assert seen == [torch.bfloat16, torch.float32]  # the plain forward again, in place
+
+
 # ---------------------------------------------------------------- fp16 where it cannot run
 
 

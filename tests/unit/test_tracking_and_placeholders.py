@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -92,3 +94,22 @@ def test_remove_padding_drops_padded_elements_and_rows() -> None:
     assert remove_padding(torch.tensor([1, 2, -1, -1]), -1).tolist() == [1, 2]
     rows = torch.tensor([[1, 2], [-1, -1], [3, -1]])
     assert remove_padding(rows, -1).tolist() == [[1, 2], [3, -1]]
+
+
+def test_logged_hyperparameters_are_values_never_object_reprs(tmp_path: Any) -> None:
+    """A generator in the loader's arguments is logged as its seed (every tracker takes this dict)."""
+    from pytorch_accelerated.callbacks import DEFAULT_CALLBACKS, TrackingCallback
+    from tests.helpers import make_regression_data, make_trainer
+
+    tracking = TrackingCallback(
+        "csv", logging_dir=tmp_path, run_name="run", hyperparameters={"tag": object()}
+    )
+    trainer = make_trainer((*DEFAULT_CALLBACKS, tracking))
+    kwargs = {"generator": torch.Generator().manual_seed(1234)}
+    trainer.train(
+        make_regression_data(8), num_epochs=1, per_device_batch_size=4, train_dataloader_kwargs=kwargs
+    )
+    hparams = json.loads((tmp_path / "run" / "hparams.json").read_text())
+    assert hparams["train_dl_kwargs.generator"] == 1234
+    assert hparams["tag"] == "object"
+    assert not [key for key, value in hparams.items() if " at 0x" in str(value)]

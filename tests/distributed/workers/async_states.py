@@ -10,6 +10,10 @@
   ``step_2`` saved asynchronously: its error must come at the next save (``step_3``), on every
   process; then ``step_4`` saved asynchronously, whose error must come at the end of the run.
   ``rank{R}.json`` holds both errors.
+- ``readonly`` (1 process): after a run, ``step_1`` saved asynchronously by hand; the background
+  thread waits until the folder has been made unwritable (``chattr +i`` as root, where chmod
+  has no effect, else ``chmod 555``), then writes and fails to publish. ``rank0.json`` holds
+  the error of ``wait_for_training_state`` and what the folder holds once writable again.
 - ``resume`` (run on 2 processes): ``SaveTrainingStateCallback(asynchronous=True,
   save_every_n_steps=3, max_checkpoints=3)`` over 2 epochs of 10 updates, with dropout; with
   ``--resume-from``, the run continues from that state. ``rank{R}.json`` holds the final weights.
@@ -20,6 +24,8 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import subprocess
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,7 @@ from common import (
 )
 from torch import nn
 
+import pytorch_accelerated.checkpoints.directories as directories
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.schedulers import CosineLrScheduler
@@ -122,6 +129,52 @@ def run_fsize(out: Path) -> None:
     write_result(out, result)
 
 
+def make_unwritable(folder: Path, on: bool) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if on else "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555 if on else 0o755)
+
+
+def run_readonly(out: Path) -> None:
+    states, result = out / "states", {}
+    states.mkdir()
+    made_unwritable = threading.Event()
+    write_file = directories.write_file
+
+    def write_file_later(obj: Any, path: Path) -> None:  # in the background thread
+        made_unwritable.wait(60)
+        write_file(obj, path)
+
+    directories.write_file = write_file_later
+    torch.manual_seed(0)
+    model = nn.Linear(NUM_FEATURES, NUM_OUTPUTS)
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=1e-3), callbacks=())
+    trainer.train(RegressionDataset(8), num_epochs=1, per_device_batch_size=4)
+    trainer.save_training_state(states / "step_1", asynchronous=True)
+    make_unwritable(states, True)
+    try:
+        result["writable"] = os.access(states, os.W_OK) and _can_create(states)
+        made_unwritable.set()
+        try:
+            trainer.wait_for_training_state()
+        except Exception as error:
+            result["error"] = error_record(error)
+    finally:
+        make_unwritable(states, False)
+    result["left"] = sorted(path.name for path in states.iterdir())
+    write_result(out, result)
+
+
+def _can_create(folder: Path) -> bool:
+    try:
+        (folder / "probe").mkdir()
+    except OSError:
+        return False
+    (folder / "probe").rmdir()
+    return True
+
+
 def run_resume(out: Path, save_dir: str, resume_from: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(NUM_FEATURES, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, NUM_OUTPUTS))
@@ -150,6 +203,8 @@ def main() -> None:
         run_kill(args.out)
     elif args.mode == "fsize":
         run_fsize(args.out)
+    elif args.mode == "readonly":
+        run_readonly(args.out)
     else:
         run_resume(args.out, args.save_dir, args.resume_from)
     if rank() == 0:
