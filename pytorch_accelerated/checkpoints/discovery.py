@@ -14,7 +14,7 @@ from .original_states import is_original_state
 
 
 def resolve_state_dir(path: str | os.PathLike) -> Path:
-    """Return the training state at ``path``, or the newest complete one inside it.
+    """Return the training state at ``path``, or the first to try inside it (see :func:`candidate_states`).
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.

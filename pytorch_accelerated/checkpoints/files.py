@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import pickle
 import pickletools
@@ -222,13 +223,15 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def file_crc32(path: Path) -> int:
-    """The CRC-32 of the bytes of ``path`` (read in blocks: memory stays bounded)."""
-    crc, block = 0, bytearray(16 << 20)
-    view = memoryview(block)
-    with open(path, "rb", buffering=0) as file:
-        while size := file.readinto(block):
-            crc = zlib.crc32(view[:size], crc)
-    return crc
+    """The CRC-32 of the bytes of ``path``, read through a memory map (the page cache, not a copy:
+    memory stays bounded, and it costs less CPU than reading into a buffer)."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return zlib.crc32(b"")
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if hasattr(mmap, "MADV_SEQUENTIAL"):  # not on Windows
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            return zlib.crc32(mapped)
 
 
 def checksum_file(path: Path) -> Path:

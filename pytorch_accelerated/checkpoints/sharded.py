@@ -344,11 +344,11 @@ def check_sharded_state(
     directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, ranks: tuple[int, int]
 ) -> None:
     """Check, before anything is loaded, every file of the sharded state ``directory`` that its
-    manifest lists: present, the shards' files against their CRC-32s in the manifest (each file
-    by one process: ``ranks`` is this process's index and the number of processes; the ``.pt``
-    files are checked where they are read), each DCP shard as long as its ``.metadata`` says,
-    each ``.metadata`` holding only DCP's metadata, the model's keys and shapes, the optimizer's
-    parameters.
+    manifest lists: present, its bytes as the CRC-32 in the manifest records (each ``.metadata``
+    before it is read; the other shard files each by one process, ``ranks`` being this process's
+    index and the number of processes; the ``.pt`` files where they are read), each DCP shard as
+    long as its ``.metadata`` says, each ``.metadata`` holding only DCP's metadata, the model's
+    keys and shapes, the optimizer's parameters.
 
     Raises:
         FileNotFoundError: a listed file is missing. files.CheckpointFileError: a file's bytes
@@ -361,15 +361,16 @@ def check_sharded_state(
         raise FileNotFoundError(
             f"{directory} is missing {', '.join(missing)}: the state was changed after it was saved."
         )
-    shards = [name for name in listed if not name.endswith(".pt")]
+    for name in listed:
+        if Path(name).name == ".metadata":
+            with files.checked(directory / name, file_checksum(manifest, name)):
+                metadata = read_dcp_metadata(directory / name)
+            _check_shard_lengths(directory / Path(name).parent, metadata)
+            _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
+    shards = [name for name in listed if not name.endswith((".pt", ".metadata"))]
     for name in shards[ranks[0] :: ranks[1]]:
         with files.checked(directory / name, file_checksum(manifest, name)):
             pass
-    for name in listed:
-        if Path(name).name == ".metadata":
-            metadata = read_dcp_metadata(directory / name)
-            _check_shard_lengths(directory / Path(name).parent, metadata)
-            _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
     full_model = directory / "pytorch_model_fsdp.bin"
     if full_model.is_file() and ranks[0] == 0:  # FULL_STATE_DICT: one file, loaded by process 0
         saved = files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name))
