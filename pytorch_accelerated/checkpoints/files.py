@@ -252,6 +252,8 @@ class Checksum:
 def recorded_checksum(path: str | os.PathLike, fix: str) -> Checksum | None:
     """The checksum that :func:`atomic_torch_save` wrote beside ``path`` (None: none there, e.g. a
     file written by an older version or by ``torch.save``)."""
+    if not Path(path).is_file():  # safe_torch_load says what it is
+        return None
     sidecar = checksum_file(Path(path))
     if not sidecar.is_file():
         return None
