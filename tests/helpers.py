@@ -297,3 +297,19 @@ def finished_but_aborted_at_teardown(returncode: int, output: str, every_rank_fi
         and GLOO_TEARDOWN_ABORT in output
         and "Traceback" not in output.split(GLOO_TEARDOWN_ABORT)[0]
     )
+
+
+def reseal_state(state: Path) -> None:
+    """Rewrite the manifest of the training state ``state`` with the checksums of its files as they
+    are now, as if it had been saved so: for tests that change a state's files on purpose."""
+    import json
+
+    from pytorch_accelerated.checkpoints.directories import SEAL, write_manifest
+
+    manifest = json.loads((state / "manifest.json").read_text())
+    write_manifest(state, {key: value for key, value in manifest.items() if key not in (SEAL, "crc32")})
+
+
+def as_version_1(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` as versions without checksums wrote it (version 1, no ``crc32`` keys)."""
+    return {**{k: v for k, v in manifest.items() if k not in ("crc32", "manifest_crc32")}, "version": 1}

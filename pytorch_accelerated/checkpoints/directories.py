@@ -3,8 +3,9 @@
 Knows nothing of the Trainer. A training state is a directory, e.g. ``training_states/step_120``::
 
     step_120/
-        manifest.json        written last: says the state is complete, lists its files, and records
-                             the position and settings of the run when it was saved
+        manifest.json        written last: says the state is complete, lists its files with the
+                             CRC-32 of each, and records the position and settings of the run when
+                             it was saved; it ends with the CRC-32 of its own content
         model.pt             the unwrapped model's state dict
         optimizer.pt         optimizer state (absent when the run has none)
         scheduler.pt         scheduler state (absent when the run has none)
@@ -17,6 +18,11 @@ they are written in shards). The directory is written under a hidden temporary n
 final one and renamed into place only once the manifest is written, so a process killed mid-save
 leaves either the previous state or the new one, never a half-written directory that looks
 complete. A save that fails removes its temporary directory (see :func:`remove_temporary`).
+
+Before anything is loaded, every file read is checked against the CRC-32 in the manifest (see
+:func:`.files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
+changed anywhere in a state is found. Manifests of version 1 (0.1.61-era and earlier versions
+of this library) have no checksums and are read unchecked.
 """
 
 from __future__ import annotations
@@ -24,14 +30,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
-from .files import write_failure, write_torch_file
+from .files import Checksum, file_crc32, write_failure, write_torch_file
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"
-VERSION = 1
+VERSION = 2  # 2: the CRC-32 of every file ("crc32") and of the manifest itself ("manifest_crc32")
+SEAL = "manifest_crc32"
+DAMAGED_STATE_FIX = (
+    "Resume from another state: name it (train(resume_from=<its directory>) or "
+    "load_training_state(<its directory>)), or pass the folder of states to resume_from, which "
+    "skips a damaged one with a warning."
+)
 
 
 def temporary_dir_for(output_dir: Path) -> Path:
@@ -74,9 +87,10 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest, then flush ``directory`` itself, so that every file's name in it is
     on disk too before the state can be published."""
     manifest = {"format": FORMAT, "version": VERSION, "complete": True, **manifest}
+    manifest["crc32"] = {name: f"{file_crc32(directory / name):08x}" for name in manifest.get("files", ())}
     try:
         with open(directory / MANIFEST, "w") as file:
-            json.dump(manifest, file, indent=2, sort_keys=True)
+            file.write(_sealed(manifest))
             file.flush()
             os.fsync(file.fileno())
     except OSError as error:
@@ -118,14 +132,55 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """The manifest of a complete training state, or None if ``directory`` is not one."""
+def _sealed(manifest: dict[str, Any]) -> str:
+    """The text of ``manifest`` ending with the CRC-32 of the rest (its canonical JSON)."""
+    content = {key: value for key, value in manifest.items() if key != SEAL}
+    crc = zlib.crc32(json.dumps(content, indent=2, sort_keys=True).encode())
+    return json.dumps({**content, SEAL: f"{crc:08x}"}, indent=2, sort_keys=True)
+
+
+def _load_manifest(directory: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest in ``directory`` (None when absent or damaged) and what is wrong with it
+    (None when intact or absent)."""
     try:
-        with open(directory / MANIFEST) as file:
-            manifest = json.load(file)
-    except (OSError, ValueError):
+        text = (directory / MANIFEST).read_bytes()
+    except OSError:
+        return None, None
+    try:
+        manifest = json.loads(text)
+    except ValueError:  # a damaged byte (invalid UTF-8 too)
+        return None, "is not valid JSON"
+    if not isinstance(manifest, dict):
+        return None, "is not a JSON object"
+    # Written by version 2 or later: its text must be exactly what was written, seal included.
+    sealed = SEAL in manifest or (manifest.get("format") == FORMAT and manifest.get("version") != 1)
+    if sealed and text != _sealed(manifest).encode():
+        return None, "does not match its own checksum"
+    return manifest, None
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a complete training state, or None if ``directory`` is not one (or its
+    manifest is damaged: see :func:`manifest_problem`)."""
+    manifest = _load_manifest(directory)[0]
+    if manifest is None:
         return None
     return manifest if manifest.get("format") == FORMAT and manifest.get("complete") else None
+
+
+def manifest_problem(directory: Path) -> str | None:
+    """Why the manifest of ``directory`` was changed after it was written (a damaged byte), or
+    None when it is intact, absent, or of an older version (unchecked)."""
+    problem = _load_manifest(directory)[1]
+    if problem is None:
+        return None
+    return f"{directory / MANIFEST} is damaged: it {problem}, so it was changed after it was saved. {DAMAGED_STATE_FIX}"
+
+
+def file_checksum(manifest: dict[str, Any], name: str) -> Checksum | None:
+    """The CRC-32 that ``manifest`` records for the state's file ``name`` (None: none recorded)."""
+    crc = manifest.get("crc32", {}).get(name)
+    return None if crc is None else Checksum(int(crc, 16), "the manifest", DAMAGED_STATE_FIX)
 
 
 def list_files(directory: Path) -> list[str]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .directories import MANIFEST, read_manifest, temporary_dir_for
+from .directories import MANIFEST, manifest_problem, read_manifest, temporary_dir_for
 from .original_states import is_original_state
 
 
 def resolve_state_dir(path: str | os.PathLike) -> Path:
-    """Return the training state at ``path``, or the newest complete one inside it.
+    """Return the training state at ``path``, or the first to try inside it (see :func:`candidate_states`).
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
@@ -40,7 +40,8 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
 
     A state directory (or the one recovered from a save killed between its two renames) is the
     only candidate, and True says so (a caller must not fall back from it); a folder gives its
-    complete states, newest (highest global step, then latest written) first, and False.
+    states whose manifest is damaged (which cannot be ordered), then its complete states, newest
+    (highest global step, then latest written) first, and False.
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
@@ -55,8 +56,8 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
             if read_manifest(hidden) is not None:
                 return [hidden], True
         raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
-    if read_manifest(path) is not None or is_original_state(path):
-        return [path], True
+    if read_manifest(path) is not None or is_original_state(path) or manifest_problem(path):
+        return [path], True  # a damaged manifest: its layout's read says so
     if (path / MANIFEST).exists() or (path / "model.pt").exists():
         raise ValueError(
             f"resume_from={str(path)!r} is an incomplete training state (its manifest is missing or "
@@ -71,7 +72,8 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
     complete = [
         (manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest
     ]
-    if not complete:
+    damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
+    if not complete and not damaged:
         found = sorted(child.name for child in path.iterdir())
         original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
         raise ValueError(
@@ -84,7 +86,7 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
                 else "."
             )
         )
-    return [child for _, _, child in sorted(complete, reverse=True)], False
+    return damaged + [child for _, _, child in sorted(complete, reverse=True)], False
 
 
 def list_complete_states(save_dir: Path) -> list[tuple[int, Path]]:

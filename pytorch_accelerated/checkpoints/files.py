@@ -13,6 +13,10 @@ as torch's ``unexpected pos`` error. A file that cannot be loaded raises
 :class:`CheckpointFileError` saying what is wrong with it (empty, truncated, of another
 format); only a complete torch file refused for holding objects beyond tensors and plain data
 gets the advice (and the warning) about ``weights_only=False``.
+
+Every file is checked against the CRC-32 recorded when it was saved, where there is one (a training
+state's manifest; ``<file>.crc32`` beside a single-file checkpoint): a file whose bytes changed
+raises :class:`CheckpointFileError` naming it, and nothing it holds is returned.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import pickle
 import pickletools
+import re
 import signal
 import tempfile
 import threading
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
@@ -189,10 +197,18 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_name, 0o666 & ~umask)
+        with open(f"{tmp_name}.crc32", "w") as file:
+            file.write(f"{file_crc32(Path(tmp_name)):08x}\n")
+            file.flush()
+            os.fsync(file.fileno())
+        # Killed between the renames, the new file has no checksum (loaded unchecked), never an old one.
+        checksum_file(path).unlink(missing_ok=True)
         os.replace(tmp_name, path)
+        os.replace(f"{tmp_name}.crc32", checksum_file(path))
     except BaseException as error:
         if tmp_name is not None:
             Path(tmp_name).unlink(missing_ok=True)
+            Path(f"{tmp_name}.crc32").unlink(missing_ok=True)
         failure = write_failure(error, Path(tmp_name or path.parent), "writing" if tmp_name else "creating")
         if failure is error and not isinstance(error, CheckpointWriteError):
             raise
@@ -201,6 +217,90 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         kept = f"{path} is unchanged" if path.is_file() else "no file was created"
         message = f"Could not save the checkpoint to {path}: {failure.message}. Nothing was written; {kept}."
         raise CheckpointWriteError(failure.errno, f"{message} {write_hint(failure, path)}", path) from error
+
+
+# ---------------------------------------------------------------------------- checksums
+
+
+def file_crc32(path: Path) -> int:
+    """The CRC-32 of the bytes of ``path``, read through a memory map (the page cache, not a copy:
+    memory stays bounded, and it costs less CPU than reading into a buffer)."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return zlib.crc32(b"")
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if hasattr(mmap, "MADV_SEQUENTIAL"):  # not on Windows
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            return zlib.crc32(mapped)
+
+
+def checksum_file(path: Path) -> Path:
+    """Where :func:`atomic_torch_save` records the CRC-32 of ``path``: ``<path>.crc32`` beside it."""
+    return path.with_name(f"{path.name}.crc32")
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """The CRC-32 a file had when it was saved, where that is recorded, and what to do when the
+    file no longer has it."""
+
+    crc32: int
+    recorded_in: str
+    fix: str
+
+
+def recorded_checksum(path: str | os.PathLike, fix: str) -> Checksum | None:
+    """The checksum that :func:`atomic_torch_save` wrote beside ``path`` (None: none there, e.g. a
+    file written by an older version or by ``torch.save``)."""
+    if not Path(path).is_file():  # safe_torch_load says what it is
+        return None
+    sidecar = checksum_file(Path(path))
+    if not sidecar.is_file():
+        return None
+    text = sidecar.read_bytes()
+    # A damaged checksum file (-1) is reported as a mismatch that names it.
+    valid = re.fullmatch(rb"[0-9a-f]{8}\n", text) is not None
+    return Checksum(int(text, 16) if valid else -1, str(sidecar), fix)
+
+
+@contextlib.contextmanager
+def checked(path: Path, checksum: Checksum | None) -> Iterator[None]:
+    """Compute the CRC-32 of ``path``, in a second thread while the block reads the file, and raise
+    :class:`CheckpointFileError` naming the file at the end of the block if it differs from
+    ``checksum`` (None: nothing to check); the block's result is then never used, and an error
+    the block raised on the damaged bytes is replaced by this one."""
+    if checksum is None:
+        yield
+        return
+    found: list[int | BaseException] = []
+
+    def compute() -> None:
+        try:
+            found.append(file_crc32(path))
+        except BaseException as error:
+            found.append(error)
+
+    thread = threading.Thread(target=compute, name=f"checksum {path.name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    except Exception:
+        thread.join()
+        if found[0] == checksum.crc32:
+            raise
+        raise _damaged(path, checksum, found[0]) from None
+    thread.join()
+    if found[0] != checksum.crc32:
+        raise _damaged(path, checksum, found[0])
+
+
+def _damaged(path: Path, checksum: Checksum, found: int | BaseException) -> CheckpointFileError:
+    now = f"CRC-32 {found:08x}" if isinstance(found, int) else f"it could not be read: {found}"
+    recorded = f"{checksum.crc32:08x}" if checksum.crc32 >= 0 else "an unreadable value"
+    return CheckpointFileError(
+        f"{path} is damaged: its bytes changed after it was saved ({now}; {checksum.recorded_in} records "
+        f"{recorded}). Nothing was loaded. {checksum.fix}"
+    )
 
 
 # ---------------------------------------------------------------------------- loading
@@ -216,18 +316,27 @@ _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."  # torch's pre-1.6
 _CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "BUILD", "NEWOBJ", "NEWOBJ_EX"}
 
 
-def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
-    """Load a file written by :func:`atomic_torch_save` without running code from it.
+def safe_torch_load(
+    path: str | os.PathLike, checksum: Checksum | None = None, map_location: Any = "cpu"
+) -> Any:
+    """Load a file written by :func:`atomic_torch_save` without running code from it, checked
+    against ``checksum`` (see :func:`checked`) when one is given.
 
     Raises:
         FileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
-        CheckpointFileError: the file is empty, truncated, corrupt or of another format.
+        CheckpointFileError: the file is empty, truncated, corrupt or of another format, or its
+            bytes differ from ``checksum``.
         pickle.UnpicklingError: a complete torch file holding objects beyond tensors and plain
             data, which ``weights_only=True`` refuses (the message says why loading it
             otherwise is dangerous).
     """
     path = Path(path)
     _check_is_a_file(path)
+    with checked(path, checksum):
+        return _load(path, map_location)
+
+
+def _load(path: Path, map_location: Any) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:

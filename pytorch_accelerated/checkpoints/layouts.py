@@ -25,7 +25,7 @@ from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
 from . import files, finite, original_states, resume, settings_checks, sharded, state_checks
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
-from .directories import read_manifest, sync_files
+from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
 from .training_objects import TrainingObjects
 
@@ -168,7 +168,8 @@ class PlainLayout(StateLayout):
         manifest = read_manifest(directory)
         if manifest is None:
             raise state_checks.UnusableStateError(
-                f"{directory} is not a complete training state (its manifest is missing or unreadable)."
+                manifest_problem(directory)
+                or f"{directory} is not a complete training state (its manifest is missing or unreadable)."
             )
         if manifest.get("finite") is False:
             raise state_checks.UnusableStateError(
@@ -177,13 +178,13 @@ class PlainLayout(StateLayout):
         model_state = self.read_weights(directory, manifest, objects)
         listed, targets = set(manifest.get("files", ())), objects.stateful()
         saved = {
-            name: state_checks.read_file(directory, name)
+            name: state_checks.read_file(directory, name, manifest)
             for name, target in targets.items()
             if name in listed and target is not None
         }
         for name, state in saved.items():
             state_checks.check_object_state(targets[name], state, str(directory / name))
-        state = state_checks.read_file(directory, "trainer_state.pt")
+        state = state_checks.read_file(directory, "trainer_state.pt", manifest)
         where = directory / "trainer_state.pt"
         state_checks.require_keys(state, TRAINER_STATE_KEYS, where)
         state_checks.require_keys(state["progress"], PROGRESS_KEYS, where, "progress")
@@ -201,7 +202,8 @@ class PlainLayout(StateLayout):
     ) -> dict[str, Any]:
         """Read and check the whole model's state (it loads into a sharded run too)."""
         model = objects.plain_model()
-        model_state = state_checks.match_model_keys(model, state_checks.read_file(directory, "model.pt"))
+        saved = state_checks.read_file(directory, "model.pt", manifest)
+        model_state = state_checks.match_model_keys(model, saved)
         state_checks.check_model_state(model, model_state, str(directory))
         if not finite.state_is_finite(model_state):
             raise state_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
@@ -261,8 +263,8 @@ class ShardedLayout(PlainLayout):
         """Check that this run can load the shards, and every file of them (see :mod:`.sharded`)."""
         accelerator = objects.accelerator
         sharded.check_engine(directory, manifest["sharded"], sharded.sharding_record(accelerator))
-        plain, rank = objects.plain_model(), accelerator.process_index
-        sharded.check_sharded_state(directory, manifest, plain, objects.optimizer, rank)
+        plain, ranks = objects.plain_model(), (accelerator.process_index, accelerator.num_processes)
+        sharded.check_sharded_state(directory, manifest, plain, objects.optimizer, ranks)
         return {}  # loaded by every process from its shards
 
     def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:

@@ -20,6 +20,10 @@ from . import collective_saves, files, finite, sharded, state_checks
 from .training_objects import TrainingObjects
 
 _RESERVED = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"}
+_FIX = (
+    "Load another checkpoint with load_checkpoint, or save it again. If you replaced the file on "
+    "purpose, delete its .crc32 file beside it."
+)
 
 
 def save_checkpoint(
@@ -38,7 +42,8 @@ def save_checkpoint(
     temporary name first, so an interrupted save never leaves a truncated file. Numpy
     values and paths in ``checkpoint_kwargs`` are stored as safe equivalents (numbers,
     tensors, strings). ``model`` saves the weights of another model (e.g. an EMA copy) in
-    the same layout. Every process must call this.
+    the same layout. Every process must call this. The file's CRC-32 is written beside it, to
+    ``<save_path>.crc32``, and checked by :func:`load_checkpoint` before anything is loaded.
 
     Raises:
         CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.files`)
@@ -94,14 +99,15 @@ def load_checkpoint(
     A state the file lacks, or that the trainer has no object for (an evaluation-only
     Trainer has no optimizer, a fresh one no scheduler), is skipped. Weights saved from a
     ``torch.compile``'d model load into the plain one and the reverse. Everything is checked
-    (the file, the model's keys and shapes, the optimizer's parameter groups) before
+    (the file, its bytes against the CRC-32 in ``<file>.crc32`` where there is one, the model's
+    keys and shapes, the optimizer's parameter groups) before
     anything is loaded, so a file that does not fit changes nothing.
     """
     load_optimizer, load_scheduler = options
     optimizer, scheduler = objects.optimizer, objects.scheduler
     if load_optimizer:
         sharded.refuse_fsdp1_optimizer(objects.accelerator, optimizer, "load_checkpoint", "load_optimizer")
-    checkpoint = files.safe_torch_load(checkpoint_path)
+    checkpoint = files.safe_torch_load(checkpoint_path, files.recorded_checksum(checkpoint_path, _FIX))
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
         raise ValueError(
             f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."

@@ -21,8 +21,8 @@ handle FSDP1 and FSDP2: with ``SHARDED_STATE_DICT`` they write ``torch.distribut
         trainer_state.pt, scheduler.pt, rng_state_<rank>.pt, ...
 
 (``FULL_STATE_DICT``: ``pytorch_model_fsdp.bin`` and ``optimizer.bin``, written by process 0.)
-Before anything is loaded, :func:`check_sharded_state` checks every file the manifest lists,
-reads each DCP ``.metadata`` with an unpickler that admits only DCP's own metadata classes, and
+Before anything is loaded, :func:`check_sharded_state` checks every file the manifest lists
+(present, and its bytes against the CRC-32 recorded there), reads each DCP ``.metadata`` with an unpickler that admits only DCP's own metadata classes, and
 checks the saved keys and shapes against the model and the optimizer. DCP reshards on load, so a
 sharded state resumes on another number of processes.
 """
@@ -43,6 +43,7 @@ from torch import nn
 
 from .._internal.fsdp import fsdp2_modules, is_dtensor, uses_fsdp
 from . import files, state_checks
+from .directories import file_checksum
 
 
 class ShardedStateError(ValueError):
@@ -340,15 +341,19 @@ def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, A
 
 
 def check_sharded_state(
-    directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, rank: int
+    directory: Path, manifest: dict[str, Any], model: nn.Module, optimizer: Any, ranks: tuple[int, int]
 ) -> None:
     """Check, before anything is loaded, every file of the sharded state ``directory`` that its
-    manifest lists: present, each DCP shard as long as its ``.metadata`` says, each ``.metadata``
-    holding only DCP's metadata, the model's keys and shapes, the optimizer's parameters.
+    manifest lists: present, its bytes as the CRC-32 in the manifest records (each ``.metadata``
+    before it is read; the other shard files each by one process, ``ranks`` being this process's
+    index and the number of processes; the ``.pt`` files where they are read), each DCP shard as
+    long as its ``.metadata`` says, each ``.metadata`` holding only DCP's metadata, the model's
+    keys and shapes, the optimizer's parameters.
 
     Raises:
-        FileNotFoundError: a listed file is missing. state_checks.UnusableStateError: a file is
-            truncated or not DCP's. state_checks.StateMismatchError: the shards do not fit.
+        FileNotFoundError: a listed file is missing. files.CheckpointFileError: a file's bytes
+            changed. state_checks.UnusableStateError: a file is truncated or not DCP's.
+            state_checks.StateMismatchError: the shards do not fit.
     """
     listed = [str(name) for name in manifest.get("files", ())]
     missing = [name for name in listed if not (directory / name).is_file()]
@@ -358,12 +363,18 @@ def check_sharded_state(
         )
     for name in listed:
         if Path(name).name == ".metadata":
-            metadata = read_dcp_metadata(directory / name)
+            with files.checked(directory / name, file_checksum(manifest, name)):
+                metadata = read_dcp_metadata(directory / name)
             _check_shard_lengths(directory / Path(name).parent, metadata)
             _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
+    shards = [name for name in listed if not name.endswith((".pt", ".metadata"))]
+    for name in shards[ranks[0] :: ranks[1]]:
+        with files.checked(directory / name, file_checksum(manifest, name)):
+            pass
     full_model = directory / "pytorch_model_fsdp.bin"
-    if full_model.is_file() and rank == 0:  # FULL_STATE_DICT: one file, loaded by process 0
-        state_checks.check_model_state(model, files.safe_torch_load(full_model), str(full_model))
+    if full_model.is_file() and ranks[0] == 0:  # FULL_STATE_DICT: one file, loaded by process 0
+        saved = files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name))
+        state_checks.check_model_state(model, saved, str(full_model))
 
 
 #: The classes a DCP ``.metadata`` file may name; anything else is refused before DCP unpickles it.

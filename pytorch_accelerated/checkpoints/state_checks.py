@@ -2,7 +2,8 @@
 
 A training state (or a single-file checkpoint) is first read whole and checked against the
 objects it is meant for: each file present and loadable, the model's keys and shapes, the
-optimizer's parameter groups, the keys that each file must hold, and finite weights. Only a
+optimizer's parameter groups, the keys that each file must hold, finite weights, and each file's
+bytes against the CRC-32 recorded when it was saved (see :mod:`.directories`). Only a
 state that passes every check is loaded, so a truncated optimizer or RNG file fails before the
 model's weights are replaced. Knows nothing of the Trainer: it is given the objects to check
 against.
@@ -16,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from . import files, reshard
+from . import directories, files, reshard
 
 PROCESS_STATE_KEYS = ("rng", "train_loss")
 RNG_KEYS = ("python", "torch")
@@ -39,27 +40,31 @@ def read_process_state(
     processes, the saved ones mapped onto ``num_processes`` (see :func:`.reshard.remap_process_states`)."""
     saved_processes = manifest.get("num_processes")
     if num_processes is None or saved_processes in (None, num_processes):
-        return _read_rank_file(directory, f"rng_state_{rank}.pt")
+        return _read_rank_file(directory, f"rng_state_{rank}.pt", manifest)
     return reshard.remap_process_states(
-        [_read_rank_file(directory, f"rng_state_{index}.pt") for index in range(int(saved_processes))],
+        [
+            _read_rank_file(directory, f"rng_state_{index}.pt", manifest)
+            for index in range(int(saved_processes))
+        ],
         rank,
         num_processes,
     )
 
 
-def _read_rank_file(directory: Path, name: str) -> dict[str, Any]:
-    process_state = read_file(directory, name)
+def _read_rank_file(directory: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    process_state = read_file(directory, name, manifest)
     require_keys(process_state, PROCESS_STATE_KEYS, directory / name)
     require_keys(process_state["rng"], RNG_KEYS, directory / name, "rng")
     return dict(process_state)
 
 
-def read_file(directory: Path, name: str) -> Any:
-    """The file ``name`` of the state ``directory``, loaded safely (FileNotFoundError naming it if missing)."""
+def read_file(directory: Path, name: str, manifest: dict[str, Any]) -> Any:
+    """The file ``name`` of the state ``directory``, loaded safely and checked against the CRC-32
+    that ``manifest`` records for it (FileNotFoundError naming it if missing)."""
     path = directory / name
     if not path.exists():
         raise FileNotFoundError(f"{directory} is missing {name}: the state was changed after it was saved.")
-    return files.safe_torch_load(path)
+    return files.safe_torch_load(path, checksum=directories.file_checksum(manifest, name))
 
 
 def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: str | None = None) -> None:

@@ -293,6 +293,7 @@ def test_wsd_checkpoints_follow_the_worked_example(tmp_path: Path) -> None:
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         [f"checkpoint_{s}_wsd_pre_decay" for s in (23, 48, 95)]
         + [f"checkpoint_{s}_wsd_post_decay.pt" for s in (25, 50, 100)]
+        + [f"checkpoint_{s}_wsd_post_decay.pt.crc32" for s in (25, 50, 100)]  # ours: each file's checksum
     )
     assert callback.checkpoint_steps == {25, 50, 100} and callback.decay_fraction == 0.1
     assert [info["pre_decay_step"] for info in callback.decay_info] == [23, 48, 95]
@@ -399,7 +400,9 @@ def test_wsd_callback_accepts_any_scheduler_with_get_checkpoint_steps_and_reject
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "checkpoint_2_wsd_post_decay.pt",
+        "checkpoint_2_wsd_post_decay.pt.crc32",
         "checkpoint_4_wsd_post_decay.pt",
+        "checkpoint_4_wsd_post_decay.pt.crc32",
     ]
     trainer = make_trainer((WSDCheckpointCallback(tmp_path / "other"),))
     with pytest.raises(

@@ -20,6 +20,7 @@ The bad inputs that need no FSDP group are checked in this process on the states
 from __future__ import annotations
 
 import pickle
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints import directories, sharded, state_checks
+from tests.helpers import reseal_state
 from tests.launch import WorkerRun, load_worker_module, start_workers
 
 FULL = ("--state-dict-type", "FULL_STATE_DICT")
@@ -64,7 +66,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         shutil.copytree(fsdp_states / name, folder / name)
     shard = folder / "step_12" / "pytorch_model_fsdp_0" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
+    flipped = flipped_copies(fsdp_states / "step_8", root / "flipped")
     second = {
+        "flips": start_workers("fsdp_states.py", root / "flips", "--save-dir", str(root / "s3"),
+                               "--flipped-states", str(root / "flipped")),
         "resumed": start_workers("fsdp_states.py", root / "resumed", "--save-dir", str(root / "s1"), "--resume-from", str(folder),
                                  "--then-resume-from", str(ddp_states / "step_8")),
         "on_one": start_workers("fsdp_states.py", root / "on_one", "--save-dir", str(root / "s2"),
@@ -77,7 +82,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "ddp_states": ddp_states,
         "full_states": root / "full_states",
         "damaged": shard,
+        "flipped": flipped,
     }
+
+
+FLIPS_PER_FILE = 2
+
+
+def flipped_copies(state: Path, folder: Path) -> dict[str, tuple[Path, int]]:
+    """Copies of ``state`` in ``folder``, each with one byte flipped at a seeded random offset of one
+    of its files (``FLIPS_PER_FILE`` per file): by copy, the flipped file and the offset."""
+    rng = random.Random(0)
+    flipped = {}
+    files = sorted(path.relative_to(state).as_posix() for path in state.rglob("*") if path.is_file())
+    for index, name in enumerate(name for name in files for _ in range(FLIPS_PER_FILE)):
+        copy = Path(shutil.copytree(state, folder / f"flip_{index:02d}"))
+        data = bytearray((copy / name).read_bytes())
+        offset = rng.randrange(len(data))
+        data[offset] ^= rng.randrange(1, 256)
+        (copy / name).write_bytes(bytes(data))
+        flipped[copy.name] = (copy / name, offset)
+    return flipped
 
 
 def rank0(run: WorkerRun) -> dict[str, Any]:
@@ -172,6 +197,19 @@ def test_a_sharded_state_resumes_on_one_process(runs: dict[str, Any]) -> None:
     assert "mid-epoch: it was saved with 2 process(es)" in runs["on_one"].output
 
 
+def test_every_single_byte_flip_in_a_sharded_state_is_refused_naming_the_file(runs: dict[str, Any]) -> None:
+    """Each flipped copy of step_8 is refused on both processes before anything is loaded; one of
+    them (the one that checked the file, or both) names the damaged file."""
+    flipped, outcomes = runs["flipped"], [result["flips"] for result in runs["flips"].results]
+    assert len(flipped) == FLIPS_PER_FILE * 11  # manifest, 2 x (2 shards + .metadata), 2 RNG files, 2 more
+    caught = 0
+    for copy, (path, offset) in flipped.items():
+        assert all(outcome[copy] is not None for outcome in outcomes), (path, offset)
+        assert any(f"{path} is damaged" in outcome[copy]["message"] for outcome in outcomes), (path, offset)
+        caught += 1
+    print(f"\nsharded state: single-byte flips caught {caught} / tried {len(flipped)}")
+
+
 def test_an_asynchronous_save_under_fsdp_is_refused_before_anything_is_written(runs: dict[str, Any]) -> None:
     for result in runs["fsdp"].results:
         assert result["async"]["written"] is False
@@ -239,7 +277,7 @@ def check(state: Path, model: nn.Module | None = None) -> None:
     model = model or load_worker_module("common").make_mlp()
     manifest = directories.read_manifest(state)
     assert manifest is not None
-    sharded.check_sharded_state(state, manifest, model, torch.optim.AdamW(model.parameters()), rank=0)
+    sharded.check_sharded_state(state, manifest, model, torch.optim.AdamW(model.parameters()), ranks=(0, 1))
 
 
 def test_an_intact_sharded_state_passes_the_checks(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -276,6 +314,7 @@ def test_a_metadata_file_that_would_run_code_is_refused_unread(
 ) -> None:
     state = damaged_copy(runs, tmp_path)
     (state / "optimizer_0" / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    reseal_state(state)  # as whoever crafted it could: a checksum is no signature
     with pytest.raises(
         state_checks.UnusableStateError,
         match=r"is not torch.distributed.checkpoint's metadata: it names builtins.print",

@@ -30,6 +30,7 @@ from tests.helpers import (
     assert_equal_nested,
     make_linear_model,
     make_regression_data,
+    reseal_state,
     snapshot,
     subprocess_env,
 )
@@ -172,7 +173,7 @@ DAMAGES = [
         "optimizer.pt",
         truncate,
         CheckpointFileError,
-        "optimizer.pt is truncated or corrupt",
+        "optimizer.pt is damaged: its bytes changed after it was saved",
         id="truncated-optimizer",
     ),
     pytest.param(
@@ -182,14 +183,14 @@ DAMAGES = [
         "trainer_state.pt",
         truncate,
         CheckpointFileError,
-        "trainer_state.pt is truncated or corrupt",
+        "trainer_state.pt is damaged: its bytes changed after it was saved",
         id="truncated-trainer-state",
     ),
     pytest.param(
         "rng_state_0.pt",
         truncate,
         CheckpointFileError,
-        "rng_state_0.pt is truncated or corrupt",
+        "rng_state_0.pt is damaged: its bytes changed after it was saved",
         id="truncated-rng",
     ),
     pytest.param(
@@ -240,17 +241,19 @@ def nan_weights(state: Path) -> None:
     model = safe_torch_load(state / "model.pt")
     model["weight"][0, 0] = float("nan")
     torch.save(model, state / "model.pt")
+    reseal_state(state)
 
 
 def manifest_not_finite(state: Path) -> None:
     manifest = json.loads((state / MANIFEST).read_text())
     (state / MANIFEST).write_text(json.dumps({**manifest, "finite": False}))
+    reseal_state(state)
 
 
 FALLBACKS = [
     pytest.param(
         lambda state: truncate(state / "optimizer.pt"),
-        "optimizer.pt is truncated or corrupt",
+        "optimizer.pt is damaged: its bytes changed after it was saved",
         id="truncated-optimizer",
     ),
     pytest.param(nan_weights, "model.pt holds NaN or infinite weights", id="nan-weights"),
@@ -289,7 +292,7 @@ def test_folder_without_a_good_state_lists_every_candidate_and_its_problem(
     message = str(error.value)
     assert message.index("step-4: ") < message.index("step-2: ")
     assert (
-        "trainer_state.pt is truncated or corrupt" in message
+        "trainer_state.pt is damaged: its bytes changed after it was saved" in message
         and "model.pt holds NaN or infinite weights" in message
     )
     assert_equal_nested(snapshot(trainer), before)

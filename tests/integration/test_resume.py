@@ -27,7 +27,13 @@ import torch
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
-from tests.helpers import EventRecorder, finished_but_aborted_at_teardown, subprocess_env
+from tests.helpers import (
+    EventRecorder,
+    as_version_1,
+    finished_but_aborted_at_teardown,
+    reseal_state,
+    subprocess_env,
+)
 from tests.integration.workers import resume_worker as rw
 from tests.launch import launcher
 
@@ -432,7 +438,7 @@ def test_resume_from_parent_takes_the_newest_complete_state_and_ignores_newer_in
     shutil.copytree(state(states, 12), state(states, 20))
     manifest = json.loads((state(states, 20) / "manifest.json").read_text())
     (state(states, 20) / "manifest.json").write_text(
-        json.dumps({**manifest, "global_step": 20, "complete": False})
+        json.dumps(as_version_1({**manifest, "global_step": 20, "complete": False}))
     )
     shutil.copytree(state(states, 12), states / ".step_24.incomplete")
 
@@ -461,6 +467,7 @@ def test_crafted_pickle_in_a_state_is_refused_without_running_it(
     shutil.copytree(state(reference[0]["states"], 4), crafted)
     marker = tmp_path / "code_ran"
     torch.save({"payload": RunsCodeWhenUnpickled(marker)}, crafted / file_name)
+    reseal_state(crafted)  # as whoever crafted it could: a checksum is no signature
     with pytest.raises(pickle.UnpicklingError, match=f"Refused to load .*{file_name}.*weights_only=True"):
         rw.make_trainer().load_training_state(crafted)
     with pytest.raises(pickle.UnpicklingError, match="weights_only"):

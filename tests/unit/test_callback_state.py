@@ -22,7 +22,7 @@ from pytorch_accelerated.callbacks import (
 )
 from pytorch_accelerated.checkpoints.discovery import list_complete_states
 from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
-from tests.helpers import make_linear_model, make_regression_data
+from tests.helpers import make_linear_model, make_regression_data, reseal_state
 
 
 def early_stopping() -> EarlyStoppingCallback:
@@ -130,6 +130,7 @@ def test_states_saved_by_position_by_earlier_versions_still_load(tmp_path: Path)
         "2:SaveTrainingStateCallback": saved["SaveTrainingStateCallback"],
     }
     atomic_torch_save(state, state_dir / "trainer_state.pt")
+    reseal_state(state_dir)
 
     stopper, averaged = early_stopping(), ema()
     snapshot = Snapshot(stopper, averaged)
@@ -199,6 +200,7 @@ def test_overridden_keys_follow_the_callback_when_the_list_is_reordered(tmp_path
     state = safe_torch_load(state_dir / "trainer_state.pt")
     state["callbacks"]["NamedCounter[x]"]["count"] = 5  # tell the two apart
     atomic_torch_save(state, state_dir / "trainer_state.pt")
+    reseal_state(state_dir)
 
     y, x = NamedCounter("y"), NamedCounter("x")
     run((y, x, SaveTrainingStateCallback(tmp_path)), num_epochs=2, resume_from=tmp_path)

@@ -143,7 +143,7 @@ def test_interrupted_save_keeps_the_previous_file_and_leaves_no_temporary(
     with pytest.raises(OSError, match="disk full"):
         trainer.save_checkpoint(path, checkpoint_kwargs={"version": 2})
     monkeypatch.undo()
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt.pt.crc32"]
     assert make_trainer().load_checkpoint(path)["version"] == 1
 
 

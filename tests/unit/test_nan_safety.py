@@ -30,7 +30,7 @@ from pytorch_accelerated.callbacks.wsd_checkpoints import WSDCheckpointCallback
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.finite import NonFiniteStateError, non_finite_flag, state_is_finite
 from pytorch_accelerated.schedulers import WSDLrScheduler
-from tests.helpers import make_regression_data
+from tests.helpers import as_version_1, make_regression_data
 from tests.helpers import make_trainer as make_any_trainer
 
 STEPS_PER_EPOCH = 12  # 24 samples, 2 per batch
@@ -165,7 +165,7 @@ def poisoned_copy(state: Path, global_step: int, finite_key: bool | None) -> Pat
     manifest.pop("finite", None)
     if finite_key is not None:
         manifest["finite"] = finite_key
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "manifest.json").write_text(json.dumps(as_version_1(manifest)))
     return copy
 
 
@@ -253,6 +253,7 @@ def test_wsd_does_not_write_checkpoints_after_a_nan(
     assert trainer.progress.global_step == 19
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint_10_wsd_post_decay.pt",
+        "checkpoint_10_wsd_post_decay.pt.crc32",
         "checkpoint_9_wsd_pre_decay",
     ]
     assert wsd.saved_checkpoints == [
@@ -282,7 +283,7 @@ def test_save_checkpoint_outside_a_run_refuses_nan_weights_and_keeps_the_file(tm
     assert path.read_bytes() == before
     with pytest.raises(NonFiniteStateError, match="Not saving the training state"):
         trainer.save_training_state(tmp_path / "state")
-    assert list(tmp_path.iterdir()) == [path]
+    assert sorted(tmp_path.iterdir()) == [path, tmp_path / "weights.pt.crc32"]
 
 
 # ---------------------------------------------------------------- TerminateOnNaNCallback

@@ -49,7 +49,8 @@ def test_wsd_checkpoints_are_saved_exactly_at_decay_starts_and_checkpoint_steps(
         "checkpoint_38_wsd_pre_decay",
         "checkpoint_40_wsd_post_decay.pt",
     ]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(names)
+    checksums = [f"{name}.crc32" for name in names if name.endswith(".pt")]  # beside each file
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(names + checksums)
     assert callback.saved_checkpoints == [str(tmp_path / "ckpt" / name) for name in names]
     for name in names:
         step = int(name.split("_")[1])

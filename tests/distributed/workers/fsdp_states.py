@@ -14,7 +14,8 @@ process group of one (FSDP needs a group). ``--try-async``: after the run, ``sav
 asynchronous=True)`` must be refused before anything is written; then a save that fails
 inside DCP on process 1 (a file-size limit) must raise on both and leave nothing behind.
 ``--then-resume-from STATE``: then a new Trainer in the same launch resumes from ``STATE``
-(result ``then``). ``--state-dict-type`` sets the FSDP plugin's (``SHARDED_STATE_DICT`` by default).
+(result ``then``). ``--flipped-states FOLDER``: instead of the run, a new Trainer tries to resume
+from each state in ``FOLDER`` (result ``flips``: what each attempt raised, None when it trained). ``--state-dict-type`` sets the FSDP plugin's (``SHARDED_STATE_DICT`` by default).
 """
 
 from __future__ import annotations
@@ -175,12 +176,27 @@ def run(args: Any, save_dir: str, resume_from: str) -> tuple[Trainer, dict[str, 
     }
 
 
+def try_flipped_states(args: Any, folder: Path) -> dict[str, Any]:
+    """Resume from each state in ``folder`` (each with one byte flipped): what each attempt raised."""
+    outcomes: dict[str, Any] = {}
+    for state in sorted(folder.iterdir()):
+        try:
+            run(args, f"{args.save_dir}_{state.name}", str(state))
+            outcomes[state.name] = None
+        except Exception as error:
+            outcomes[state.name] = {"type": type(error).__name__, "message": str(error)}
+    return outcomes
+
+
 def main() -> None:
     args = parse_args({
         "engine": "fsdp", "save-dir": "", "resume-from": "", "try-async": 0, "state-dict-type": "SHARDED_STATE_DICT",
-        "then-resume-from": "",
+        "then-resume-from": "", "flipped-states": "",
     })  # fmt: skip
     one_process_group()
+    if args.flipped_states:  # only the attempts to resume from damaged states
+        write_result(args.out, {"flips": try_flipped_states(args, Path(args.flipped_states))})
+        return
     trainer, result = run(args, args.save_dir, args.resume_from)
     if args.try_async:
         result["async"] = try_async_save(trainer, Path(args.save_dir) / "async")
