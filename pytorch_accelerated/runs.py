@@ -16,6 +16,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from . import prediction
@@ -139,6 +140,8 @@ def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:
             trainer.run_state.run_step(trainer.progress),
         )
     run_state.history_first_epoch = trainer.run_history.current_epoch
+    if trainer.accelerator.num_processes > 1:  # one id for the run: the main process's
+        run_state.run_id = broadcast_object_list([run_state.run_id])[0]
     trainer.last_grad_norm = None
     trainer.progress, trainer.run_state = RunProgress(), run_state
 
