@@ -4,7 +4,7 @@ Knows nothing of the Trainer. The lock is ``<folder>/.run.lock``, a small JSON r
 holder (host, process id, run id, since when, and a token of its own). It is taken atomically
 (the record is written under a private name, then hard-linked to the lock's name, which fails
 if the lock exists), so a reader never sees half a record. A lock whose holder is gone is taken
-over: on the same host when the process no longer exists; from another host when the lock has
+over: on the same host (and pid namespace) when the process no longer exists; from another host when the lock has
 not been refreshed (every save refreshes it) for ``PT_ACC_LOCK_EXPIRY`` seconds (default 3600).
 """
 
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from .._internal.process_group import seconds_from_env
-from .files import write_failure
 
 LOCK_NAME = ".run.lock"
 EXPIRY_ENV = "PT_ACC_LOCK_EXPIRY"
@@ -36,28 +35,26 @@ def acquire(folder: Path, run_id: str) -> dict[str, Any]:
 
     Raises:
         FolderInUseError: naming the holder, when another live run holds it.
-        files.CheckpointWriteError: when the lock cannot be written (naming the OS error).
+        OSError: when the lock cannot be written (e.g. the folder cannot be created).
     """
     lock = folder / LOCK_NAME
     record = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "pid_namespace": _pid_namespace(),
         "run_id": run_id,
         "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "token": uuid.uuid4().hex,
     }
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):  # a stale lock taken over by another run meanwhile: look again
-            if _create(lock, record):
-                return record
-            holder = _read(lock)
-            if holder is not None and not _is_stale(lock, holder):
-                raise FolderInUseError(_in_use_message(folder, holder))
-            if holder is not None:
-                _remove_stale(lock, holder)
-    except OSError as error:
-        raise write_failure(error, lock, "taking the lock") from error
+    folder.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):  # a stale lock taken over by another run meanwhile: look again
+        if _create(lock, record):
+            return record
+        holder = _read(lock)
+        if holder is not None and not _is_stale(lock, holder):
+            raise FolderInUseError(_in_use_message(folder, holder))
+        if holder is not None:
+            _remove_stale(lock, holder)
     raise FolderInUseError(_in_use_message(folder, _read(lock) or {}))
 
 
@@ -126,12 +123,21 @@ def _read(lock: Path) -> dict[str, Any] | None:
 
 def _is_stale(lock: Path, holder: dict[str, Any]) -> bool:
     """Whether the holder is gone: its process ended (same host), or the lock expired (any host)."""
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+    same_host = holder.get("host") == socket.gethostname() and holder.get("pid_namespace") == _pid_namespace()
+    if same_host and isinstance(holder.get("pid"), int):
         return not _process_exists(holder["pid"])
     try:
         return time.time() - lock.stat().st_mtime > _expiry_s()
     except FileNotFoundError:
         return False
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (containers that share a host name may have their own)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _process_exists(pid: int) -> bool:

@@ -77,6 +77,9 @@ class TrainingStateStore:
         """Take the lock of ``folder`` for the run ``run_id`` (see :mod:`.folder_lock`), unless held
         already; the process that writes the shared files takes it, and every process agrees.
 
+        A folder that cannot be written (e.g. its parent is a file) gets no lock: the save there
+        fails with its own error.
+
         Raises:
             folder_lock.FolderInUseError: on every process, naming the holder, when another run holds it.
         """
@@ -87,8 +90,10 @@ class TrainingStateStore:
         if writes_shared_files(self._accelerator):
             try:
                 record = folder_lock.acquire(folder, run_id)
-            except (folder_lock.FolderInUseError, files.CheckpointWriteError) as failure:
+            except folder_lock.FolderInUseError as failure:
                 error = failure
+            except OSError:  # a folder that cannot be written: no lock; the save says why
+                pass
         accelerator = self._accelerator
         errors = [str(error)] if error is not None else []
         if accelerator.num_processes > 1:

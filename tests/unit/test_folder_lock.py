@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 import warnings
@@ -80,12 +81,34 @@ def test_the_lock_is_held_during_the_run_and_released_at_its_end_and_after_an_ex
         assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_a_run_stopped_by_sigterm_releases_the_folder(tmp_path: Path) -> None:
+    class Terminate(TrainerCallback):
+        def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+            assert (tmp_path / LOCK_NAME).exists()
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by SaveTrainingStateCallback: a clean stop
+
+    trainer = make_trainer((SaveTrainingStateCallback(tmp_path), Terminate()))
+    train(trainer, num_epochs=3)
+    assert trainer.progress.global_step == 2  # seen at the next safe point, after the saver's turn
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
+
+
 def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
-    write_lock(tmp_path, host=socket.gethostname(), pid=GONE_PID)
+    write_lock(
+        tmp_path, host=socket.gethostname(), pid=GONE_PID, pid_namespace=os.readlink("/proc/self/ns/pid")
+    )
     trainer = make_trainer((SaveTrainingStateCallback(tmp_path),))
     train(trainer)
     assert read_manifest(tmp_path / "final")["run_id"] == trainer.run_state.run_id
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_of_another_pid_namespace_on_this_host_is_not_taken_over_while_fresh(tmp_path: Path) -> None:
+    write_lock(
+        tmp_path, host=socket.gethostname(), pid=GONE_PID, pid_namespace="pid:[1]"
+    )  # another container
+    with pytest.raises(FolderInUseError, match=f"process {GONE_PID} on host"):
+        folder_lock.acquire(tmp_path, "mine")
 
 
 def test_a_lock_of_another_host_is_taken_over_only_once_expired(
