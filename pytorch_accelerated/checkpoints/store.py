@@ -69,7 +69,7 @@ class TrainingStateStore:
         self._host_buffers: dict[tuple[int, str, int], Any] = {}
         self._resuming = False
         self._held: dict[Path, dict[str, Any] | None] = {}  # folder -> its lock's record (writing process)
-        self._in_run = False
+        self._runs = 0  # runs under way (an evaluate() inside a training run is a second)
 
     # ------------------------------------------------------------------ one run per folder
 
@@ -162,7 +162,7 @@ class TrainingStateStore:
             remove_temporary(output_dir)
             raise
         finally:
-            if not self._in_run and self._background is None:  # a save outside a run: its own run
+            if not self._runs and self._background is None:  # a save outside a run: its own run
                 self.release()
 
     def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
@@ -243,7 +243,7 @@ class TrainingStateStore:
             return
         (job, step), self._background = self._background, None
         error = job.wait()
-        if not self._in_run:  # saved outside a run: the folder is free once the state is
+        if not self._runs:  # saved outside a run: the folder is free once the state is
             self.release()
         try:
             clean_up = functools.partial(remove_temporary, job.output_dir)
@@ -265,7 +265,7 @@ class TrainingStateStore:
         the run fails, wait without agreeing with the other processes (one may be gone), at most
         the signal grace for their files; a failure of the save is then printed, not raised. Either
         way, the folders held by the run are released."""
-        self._in_run = True
+        self._runs += 1
         try:
             yield
         except BaseException:
@@ -281,8 +281,9 @@ class TrainingStateStore:
         else:
             self.wait()
         finally:
-            self._in_run = False
-            self.release()
+            self._runs -= 1
+            if not self._runs:
+                self.release()
 
     # ------------------------------------------------------------------ loading
 

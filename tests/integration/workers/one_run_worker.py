@@ -7,7 +7,8 @@ Not a test module (pytest does not collect it)::
     python one_run_worker.py two-calls --out DIR [--kill-at-second-call-step N] [--resume]
 
 ``concurrent``: for each trial i, wait until the peer is ready too, then train a tiny model
-(seeded by ``--seed``) saving a state after every update into ``DIR/trial_i/states``. After each
+(seeded by ``--seed``) for one epoch of 4 updates, saving a state after every update and at the
+end into ``DIR/trial_i/states``. After each
 save it records what that state must hold (the run id, the weights, the optimizer's momentum and
 the torch RNG state); ``DIR/<name>.json`` lists, per trial, the outcome and those records.
 
@@ -82,7 +83,7 @@ def concurrent(out: Path, name: str, peer: str, trials: int, seed: int) -> None:
         save = SaveTrainingStateCallback(out / f"trial_{trial}" / "states", save_every_n_steps=1)
         trainer = make_trainer((save, recorder), seed=seed, momentum=0.9)
         try:
-            trainer.train(data, num_epochs=2, per_device_batch_size=4, seed=seed)
+            trainer.train(data, num_epochs=1, per_device_batch_size=4, seed=seed)
             outcome = "ok"
         except Exception as error:
             outcome = f"{type(error).__name__}: {error}"
