@@ -66,6 +66,9 @@ def refresh(folder: Path, record: dict[str, Any]) -> None:
     """
     lock = folder / LOCK_NAME
     holder = _read(lock)
+    if holder is None and _create(lock, record):  # removed by hand: taken again
+        return
+    holder = _read(lock) if holder is None else holder
     if holder is None or holder.get("token") != record["token"]:
         raise FolderInUseError(
             f"This run's lock on {folder} was taken over by another run ({_describe(holder or {})}): "

@@ -142,6 +142,19 @@ def test_a_run_whose_lock_was_taken_over_saves_nothing_more(tmp_path: Path) -> N
     assert json.loads((tmp_path / LOCK_NAME).read_text())["run_id"] == "new-run"  # not removed
 
 
+def test_a_lock_removed_by_hand_during_the_run_is_taken_again_at_the_next_save(tmp_path: Path) -> None:
+    class Remove(TrainerCallback):
+        def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+            seen.append(json.loads((tmp_path / LOCK_NAME).read_text())["run_id"])
+            (tmp_path / LOCK_NAME).unlink()
+
+    seen: list[str] = []
+    trainer = make_trainer((SaveTrainingStateCallback(tmp_path, save_every_n_steps=1), Remove()))
+    train(trainer)
+    assert seen == [trainer.run_state.run_id] * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "step_1", "step_2", "step_3", "step_4"]
+
+
 def test_save_training_state_outside_a_run_holds_the_folder_only_while_it_saves(tmp_path: Path) -> None:
     trainer = make_trainer()
     held = folder_lock.acquire(tmp_path, "run-a")
