@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import math
+import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +239,10 @@ class RunState:
             the run's start events have fired.
         step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
         last_eval_loss: the mean loss of the last evaluation epoch, over every process.
+        run_id: the run's id: new for each run; kept by a ``train()`` call that keeps the run
+            history, and by a resumed run (the id of the state it resumes). States record it.
+        steps_before: optimizer updates of the run's earlier ``train()`` calls (those that kept
+            the history): ``steps_before + progress.global_step`` counts the run's updates.
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -249,6 +255,12 @@ class RunState:
     pending_resume: dict[str, Any] | None = None
     step_metrics: StepMetrics = field(default_factory=StepMetrics)
     last_eval_loss: float = math.nan
+    run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+    steps_before: int = 0
+
+    def run_step(self, progress: RunProgress) -> int:
+        """The run's optimizer updates so far, over its ``train()`` calls."""
+        return self.steps_before + progress.global_step
 
     def state_dict(self) -> dict[str, Any]:
         """What every process shares: the loss weighting unit, the shuffle seed, the first epoch,
@@ -263,6 +275,8 @@ class RunState:
             # its order starts after: a resume on other settings maps the position through them.
             "train_samples": self.train_sampler.num_samples if self.train_sampler is not None else None,
             "samples_skipped": self.train_sampler.skipped if self.train_sampler is not None else 0,
+            "run_id": self.run_id,
+            "steps_before": self.steps_before,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,6 +286,8 @@ class RunState:
             self.train_sampler.seed = state["shuffle_seed"]
         self.history_first_epoch = int(state.get("history_first_epoch", 1))
         self.epoch_trained = bool(state.get("epoch_trained", False))
+        self.run_id = str(state.get("run_id", self.run_id))  # a state of an older version: this run's
+        self.steps_before = int(state.get("steps_before", 0))
 
     def process_state_dict(self, mid_epoch: bool) -> dict[str, Any]:
         """This process's own share: its part of the epoch's training loss so far (mid-epoch), and

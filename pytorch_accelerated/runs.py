@@ -16,6 +16,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from . import prediction
@@ -144,12 +145,20 @@ def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:
     trainer.collate_fn = arguments["collate_fn"]
     trainer.loaders.eval = None
     trainer.loaders.set_seed(arguments["seed"])
+    run_state = RunState()
     if arguments["reset_run_history"]:
         trainer.run_history.reset()
         trainer.run_history.reset_step_metrics()
+    else:  # the run goes on: its id, and its updates' count (its states' names follow the earlier calls')
+        run_state.run_id, run_state.steps_before = (
+            trainer.run_state.run_id,
+            trainer.run_state.run_step(trainer.progress),
+        )
+    run_state.history_first_epoch = trainer.run_history.current_epoch
+    if trainer.accelerator.num_processes > 1:  # one id for the run: the main process's
+        run_state.run_id = broadcast_object_list([run_state.run_id])[0]
     trainer.last_grad_norm = None
-    trainer.progress = RunProgress()
-    trainer.run_state = RunState(history_first_epoch=trainer.run_history.current_epoch)
+    trainer.progress, trainer.run_state = RunProgress(), run_state
 
 
 def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:

@@ -29,16 +29,22 @@ class SaveTrainingStateCallback(TrainerCallback):
     The directories are named as in pytorch-accelerated 0.1.61:
 
     - ``save_dir/step_{N}`` after the N-th optimizer update, every ``save_every_n_steps``
-      (N counts updates, so batches that only accumulate gradients are never saved);
+      (N counts updates, so batches that only accumulate gradients are never saved; a ``train()``
+      call that keeps the run history, ``reset_run_history=False``, counts on from the earlier
+      calls' updates, so its states never replace theirs);
     - ``save_dir/epoch_{E}`` at the end of epoch E (``run_history.current_epoch``), after its
       evaluation, so a run resumed from it starts epoch E + 1;
     - ``save_dir/final`` when the run ends.
 
     A step save and an epoch save at the same update both exist (``step_{N}`` holds the state
     before the evaluation, ``epoch_{E}`` the one after it). Each state's ``checkpoint_kwargs``
-    are ``{"global_step": N}``. ``train(resume_from=save_dir)`` continues from the newest
-    complete state (highest global step, then the last written); ``resume_from=save_dir /
-    "epoch_5"`` from that one.
+    are ``{"global_step": N}``. ``train(resume_from=save_dir)`` continues the run that wrote the
+    newest state, from its newest complete state (highest N, then the last written);
+    ``resume_from=save_dir / "epoch_5"`` from that one.
+
+    The run holds ``save_dir`` from its start to its end (a lock file, ``save_dir/.run.lock``): a
+    second run pointed at it while it runs fails before training, naming the holder. See
+    docs/checkpoints.md, "One run per folder".
 
     Args:
         save_dir: folder that holds the states.
@@ -125,6 +131,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             sharded.check_can_save(
                 trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
             )
+        trainer.state_store.hold(self.save_dir, trainer.run_state.run_id)  # one run per folder
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:
@@ -227,7 +234,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             return
         global_step = trainer.progress.global_step
         if every(self.save_every_n_steps, global_step):
-            self._save_here(trainer, f"step_{global_step}", asynchronous=self.asynchronous)
+            self._save_here(trainer, _step_name(trainer), asynchronous=self.asynchronous)
         self._stop_on(trainer, self._agreed_signal(trainer, global_step))
 
     def on_eval_epoch_start(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
@@ -266,7 +273,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if position == self._saved_at and self._saved_dir is not None:
             if name is None or self._saved_dir.name == name:
                 return self._saved_dir
-        directory = self.save_dir / (name or f"step_{trainer.progress.global_step}")
+        directory = self.save_dir / (name or _step_name(trainer))
         if self._watchdog is not None:  # a save's barriers may take long: not a hang
             self._watchdog.pause()
         try:
@@ -294,7 +301,9 @@ class SaveTrainingStateCallback(TrainerCallback):
         options = {"asynchronous": True} if asynchronous else {}
         try:
             trainer.save_training_state(
-                directory, checkpoint_kwargs={"global_step": trainer.progress.global_step}, **options
+                directory,
+                checkpoint_kwargs={"global_step": trainer.run_state.run_step(trainer.progress)},
+                **options,
             )
         except NonFiniteStateError as error:
             if not at_end:
@@ -314,6 +323,11 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last_saved_step = state["last_saved_step"]
+
+
+def _step_name(trainer: Trainer) -> str:
+    """``step_{N}``, N the run's updates so far (over its ``train()`` calls)."""
+    return f"step_{trainer.run_state.run_step(trainer.progress)}"
 
 
 def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> None:
@@ -339,10 +353,10 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
 
 
 def _save_order(state: Path) -> tuple[int, int]:
-    """The global step of a complete state, then the time its manifest was written."""
+    """The run's update step of a complete state, then the time its manifest was written."""
     manifest = read_manifest(state) or {}
     try:
         written = (state / MANIFEST).stat().st_mtime_ns
     except OSError:
         written = 0
-    return int(manifest.get("global_step", 0)), written
+    return int(manifest.get("run_step", manifest.get("global_step", 0))), written

@@ -1,13 +1,17 @@
 """Finding training states: the state a path names, or the complete ones in a folder, newest first.
 
-Knows nothing of the Trainer. A folder's states are ordered by global step, then by when they were
-written; a state is complete once its manifest says so (see :mod:`.directories`).
+Knows nothing of the Trainer. A folder's states are ordered by the run's update step (over its
+``train()`` calls), then by when they were written; a state is complete once its manifest says so
+(see :mod:`.directories`). A folder resume continues the run that wrote the folder's newest state:
+when the folder holds the states of several runs (run ids), only that run's are candidates.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 from .directories import MANIFEST, manifest_problem, read_manifest, temporary_dir_for
 from .original_states import is_original_state
@@ -40,8 +44,9 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
 
     A state directory (or the one recovered from a save killed between its two renames) is the
     only candidate, and True says so (a caller must not fall back from it); a folder gives its
-    states whose manifest is damaged (which cannot be ordered), then its complete states, newest
-    (highest global step, then latest written) first, and False.
+    states whose manifest is damaged (which cannot be ordered), then the complete states of the run
+    that wrote its newest one, newest (highest update step of the run, then latest written) first,
+    and False.
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
@@ -69,9 +74,7 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
         for child in path.iterdir()
         if child.is_dir() and not child.name.startswith(".")
     ]
-    complete = [
-        (manifest["global_step"], child.stat().st_mtime, child) for manifest, child in candidates if manifest
-    ]
+    complete = [(manifest, _written(child), child) for manifest, child in candidates if manifest]
     damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
     if not complete and not damaged:
         found = sorted(child.name for child in path.iterdir())
@@ -86,16 +89,48 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
                 else "."
             )
         )
-    return damaged + [child for _, _, child in sorted(complete, reverse=True)], False
+    return damaged + (_newest_run(path, complete) if complete else []), False
+
+
+def _newest_run(folder: Path, complete: list[tuple[dict[str, Any], int, Path]]) -> list[Path]:
+    """The states of the run that wrote the newest of ``complete`` (manifest, time written, directory),
+    newest first; a warning names the run when the folder holds several."""
+    run_id = max(complete, key=lambda state: state[1])[0].get("run_id")
+    run_of = {child: manifest.get("run_id") for manifest, _, child in complete}
+    ordered = [child for _, _, child in sorted(((run_step(m), w, c) for m, w, c in complete), reverse=True)]
+    ours = [child for child in ordered if run_of[child] == run_id]
+    runs = len(set(run_of.values()))
+    if runs > 1:
+        others = [child.name for child in reversed(ordered) if run_of[child] != run_id]
+        warnings.warn(
+            f"{folder} holds the training states of {runs} runs: continuing run {run_id}, which wrote "
+            f"its newest state ({ours[0].name}); the other runs' states ({', '.join(others)}) are not "
+            f"considered. To resume one of those, name it: resume_from={str(folder / others[-1])!r}.",
+            stacklevel=4,
+        )
+    return ours
+
+
+def run_step(manifest: dict[str, Any]) -> int:
+    """A state's update step over its run's ``train()`` calls (the global step in older states)."""
+    return int(manifest.get("run_step", manifest["global_step"]))
+
+
+def _written(state: Path) -> int:
+    """When the state's manifest was written (ns), 0 if it cannot be told."""
+    try:
+        return (state / MANIFEST).stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def list_complete_states(save_dir: Path) -> list[tuple[int, Path]]:
-    """Complete training states directly inside ``save_dir``, oldest first (by global step)."""
+    """Complete training states directly inside ``save_dir``, oldest first (by the run's update step)."""
     if not save_dir.is_dir():
         return []
     states = []
     for child in save_dir.iterdir():
         manifest = read_manifest(child) if child.is_dir() and not child.name.startswith(".") else None
         if manifest is not None:
-            states.append((manifest["global_step"], child))
+            states.append((run_step(manifest), child))
     return sorted(states)

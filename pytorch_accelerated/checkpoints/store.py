@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 
 from .._internal.distributed import print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import files, finite, resume, settings_checks, sharded
+from . import files, finite, folder_lock, resume, settings_checks, sharded
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -58,6 +58,9 @@ class TrainingStateStore:
     one, with the update step it was saved at), the host memory that the next background copy
     reuses, and whether a load is a resume (inside :meth:`resuming`). Each call is given the run's
     objects (:class:`~.training_objects.TrainingObjects`); every process must make it.
+
+    It also holds the folders that states are saved into (:meth:`hold`), one run per folder, until
+    the end of the run (or of the save, outside a run).
     """
 
     def __init__(self, accelerator: Any) -> None:
@@ -65,6 +68,50 @@ class TrainingStateStore:
         self._background: tuple[BackgroundStateWrite, int] | None = None
         self._host_buffers: dict[tuple[int, str, int], Any] = {}
         self._resuming = False
+        self._held: dict[Path, dict[str, Any] | None] = {}  # folder -> its lock's record (writing process)
+        self._runs = 0  # runs under way (an evaluate() inside a training run is a second)
+
+    # ------------------------------------------------------------------ one run per folder
+
+    def hold(self, folder: str | os.PathLike, run_id: str) -> None:
+        """Take the lock of ``folder`` for the run ``run_id`` (see :mod:`.folder_lock`), unless held
+        already; the process that writes the shared files takes it, and every process agrees.
+
+        A folder that cannot be written (e.g. its parent is a file) gets no lock: the save there
+        fails with its own error.
+
+        Raises:
+            folder_lock.FolderInUseError: on every process, naming the holder, when another run holds it.
+        """
+        folder = Path(os.path.abspath(folder))
+        if folder in self._held:
+            return
+        record, error = None, None
+        if writes_shared_files(self._accelerator):
+            try:
+                record = folder_lock.acquire(folder, run_id)
+            except folder_lock.FolderInUseError as failure:
+                error = failure
+            except OSError:  # a folder that cannot be written: no lock; the save says why
+                pass
+        accelerator = self._accelerator
+        errors = [str(error)] if error is not None else []
+        if accelerator.num_processes > 1:
+            errors = [message for message in gather_object(errors) if message]
+        if errors:
+            if record is not None:
+                folder_lock.release(folder, record)
+            if error is not None:
+                raise error
+            raise folder_lock.FolderInUseError(errors[0])
+        self._held[folder] = record
+
+    def release(self) -> None:
+        """Release every folder held (on every exit path of a run)."""
+        held, self._held = self._held, {}
+        for folder, record in held.items():
+            if record is not None:
+                folder_lock.release(folder, record)
 
     # ------------------------------------------------------------------ saving
 
@@ -107,12 +154,16 @@ class TrainingStateStore:
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
+        self.hold(output_dir.parent, objects.run_state.run_id)
         state = _StateSave(layout, objects, output_dir, position, extra, weights)
         try:
             self._start_background_write(state) if asynchronous else self._write(state)
         except KeyboardInterrupt:
             remove_temporary(output_dir)
             raise
+        finally:
+            if not self._runs and self._background is None:  # a save outside a run: its own run
+                self.release()
 
     def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
         """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
@@ -124,8 +175,15 @@ class TrainingStateStore:
             "the previous states are intact",
             state.clean_up,
         )
-        save.agree(attempt(make_temporary_dir, output_dir) if main else None)
+        record = self._held.get(Path(os.path.abspath(output_dir.parent)))
+        save.agree(attempt(self._refresh_and_make_dir, output_dir, record) if main else None)
         return save
+
+    @staticmethod
+    def _refresh_and_make_dir(output_dir: Path, record: dict[str, Any] | None) -> None:
+        if record is not None:  # the folder's lock is still this run's: refreshed
+            folder_lock.refresh(Path(os.path.abspath(output_dir.parent)), record)
+        make_temporary_dir(output_dir)
 
     def _write(self, state: _StateSave) -> None:
         """Write the state into its hidden directory, then publish it, agreeing after each step."""
@@ -185,6 +243,8 @@ class TrainingStateStore:
             return
         (job, step), self._background = self._background, None
         error = job.wait()
+        if not self._runs:  # saved outside a run: the folder is free once the state is
+            self.release()
         try:
             clean_up = functools.partial(remove_temporary, job.output_dir)
             what, kept = "the training state", "the previous states are intact"
@@ -203,7 +263,9 @@ class TrainingStateStore:
     def finishing_run(self) -> Iterator[None]:
         """Around a run: at its end, wait for a state still being written in the background. When
         the run fails, wait without agreeing with the other processes (one may be gone), at most
-        the signal grace for their files; a failure of the save is then printed, not raised."""
+        the signal grace for their files; a failure of the save is then printed, not raised. Either
+        way, the folders held by the run are released."""
+        self._runs += 1
         try:
             yield
         except BaseException:
@@ -216,7 +278,12 @@ class TrainingStateStore:
                         f"The training state {job.output_dir}, written in the background, could not be saved: {error}",
                     )
             raise
-        self.wait()
+        else:
+            self.wait()
+        finally:
+            self._runs -= 1
+            if not self._runs:
+                self.release()
 
     # ------------------------------------------------------------------ loading
 
@@ -347,7 +414,12 @@ class _StateSave:
         )
 
     def manifest(self) -> dict[str, Any]:
-        return self.layout.manifest(self.objects, self.position)
+        run_state, step = self.objects.run_state, self.position["global_step"]
+        return {
+            **self.layout.manifest(self.objects, self.position),
+            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
+            "run_step": run_state.steps_before + step,
+        }
 
     def clean_up(self) -> None:
         remove_temporary(self.output_dir)

@@ -162,6 +162,7 @@ def poisoned_copy(state: Path, global_step: int, finite_key: bool | None) -> Pat
     torch.save({name: value * float("nan") for name, value in weights.items()}, copy / "model.pt")
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["global_step"] = global_step
+    manifest.pop("run_step", None)  # older versions: ordered by the global step
     manifest.pop("finite", None)
     if finite_key is not None:
         manifest["finite"] = finite_key
@@ -182,7 +183,7 @@ def test_rotation_never_deletes_the_newest_finite_state_for_newer_non_finite_one
 
     class ListStates(TrainerCallback):  # placed after the saver: sees each rotation's result
         def on_train_step_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            seen.append(sorted(p.name for p in save_dir.iterdir()))
+            seen.append(sorted(p.name for p in save_dir.iterdir() if p.name != ".run.lock"))
 
     saver = SaveTrainingStateCallback(save_dir, save_every_n_steps=2, max_checkpoints=2, save_at_end=False)
     make_trainer((saver, ListStates()), nan_from=None).train(

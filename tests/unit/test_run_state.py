@@ -328,13 +328,19 @@ def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_
         "epoch_trained",
         "train_samples",
         "samples_skipped",
+        "run_id",
+        "steps_before",
     }
     assert saved["epoch_trained"] is False  # the run ended: nothing of an epoch is done
     assert saved["history_first_epoch"] == 1
     assert saved["shuffle_seed"] == 42  # train()'s default seed
     assert saved["train_samples"] == len(trainer.train_dataset)
     assert saved["samples_skipped"] == 0  # only an epoch resumed on other settings skips samples
-    assert RunState().state_dict() == {
+    assert saved["run_id"] == trainer.run_state.run_id and saved["steps_before"] == 0
+    fresh = RunState()
+    assert fresh.state_dict() == {
+        "run_id": fresh.run_id,
+        "steps_before": 0,
         "loss_weight_unit": None,
         "shuffle_seed": None,
         "history_first_epoch": 1,
