@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,21 @@ def refresh(folder: Path, record: dict[str, Any]) -> None:
 
 
 def release(folder: Path, record: dict[str, Any]) -> None:
-    """Remove the lock of ``folder`` if it is still ``record``'s."""
+    """Remove the lock of ``folder`` if it is still ``record``'s; never raises, since it runs on
+    every exit path of a run, where it must not hide the error that ended the run."""
     lock = folder / LOCK_NAME
     holder = _read(lock)
     if holder is not None and holder.get("token") == record["token"]:
-        lock.unlink(missing_ok=True)
+        try:
+            lock.unlink(missing_ok=True)
+        except OSError as error:  # e.g. a folder that turned read-only during the run
+            warnings.warn(
+                f"Could not remove this run's lock {lock} ({error.strerror or error}). It is left "
+                f"behind, and the next run into {folder} on this host takes it over, since its "
+                f"holder has ended (from another host: once {EXPIRY_ENV}={_expiry_s():g} seconds have "
+                f"passed, or delete it by hand).",
+                stacklevel=2,
+            )
 
 
 def _create(lock: Path, record: dict[str, Any]) -> bool:

@@ -182,7 +182,10 @@ def test_a_folder_that_turns_unwritable_during_a_background_save_is_named_with_w
     assert result["error"]["type"] == "CheckpointWriteError", result["error"]
     assert message.startswith(f"Could not save the training state to {states / 'step_1'}: ")
     # Its clean-up could not remove the hidden directory from the unwritable folder: said, not denied.
-    assert result["left"] == [".step_1.incomplete"]
+    # The run's folder lock could not be removed either: a warning says so, and the error that
+    # ended the run is the one the user sees (not the lock's).
+    assert result["left"] == [".run.lock", ".step_1.incomplete"]
+    assert f"Could not remove this run's lock {states / '.run.lock'}" in finished.stderr
     assert "Nothing was written" not in message
     assert (
         f"Nothing was published, but the hidden directory {states / '.step_1.incomplete'} could not be removed "
