@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .errors import add_note
 from .process_group import COLLECTIVE_TIMEOUT_ENV, collective_timeout_s, seconds_from_env
 
 #: How long the watchdog lets a process that received a stop signal go without running any
@@ -82,10 +83,7 @@ def explain_collective_failure(accelerator: Any, where: str, error: BaseExceptio
             f"rank {rank}: a {_NOTE_MARK} failed {where} because another process left it: that "
             f"process failed, or gave up waiting for this one (a collective timeout); see its output above."
         )
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
+    add_note(error, note)
 
 
 def signal_grace_s() -> float:

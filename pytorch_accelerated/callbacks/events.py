@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._internal.errors import StopTrainingError
+from .._internal.errors import StopTrainingError, add_note
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -242,7 +242,7 @@ class CallbackHandler:
             except StopTrainingError:
                 raise
             except Exception as error:
-                _add_note(error, f"raised in callback {type(callback).__name__}.{event}")
+                add_note(error, f"raised in callback {type(callback).__name__}.{event}")
                 raise
         self.current_event = None
 
@@ -275,7 +275,7 @@ class CallbackHandler:
             try:
                 method(trainer, exception=exception)
             except Exception as error:
-                _add_note(exception, f"{type(callback).__name__}.on_exception also raised {error!r}")
+                add_note(exception, f"{type(callback).__name__}.on_exception also raised {error!r}")
 
     # ------------------------------------------------------------------ callback state
 
@@ -368,10 +368,3 @@ def _keys_from_positions(states: Mapping[str, Any], keyed: Mapping[str, TrainerC
         keys = by_class.get(class_name)
         converted[keys.pop(0) if keys else f"{index}:{class_name}"] = state
     return converted
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10: keep the note where 3.11's traceback printing would look for it
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
