@@ -30,6 +30,7 @@ from ._internal.validation import (
     check_whole_number,
 )
 from .callbacks import StopTrainingError
+from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.training_objects import TrainingObjects
 from .data import check_same_data_on_every_process, prepare_eval_dataloader
 from .run_config import RunProgress, RunState, TrainerRunConfig
@@ -97,8 +98,9 @@ def evaluate(
     return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
 
 
-def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
-    """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
+def set_up_training(trainer: Trainer, arguments: dict[str, Any], auto: bool = False) -> None:
+    """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
+    (``auto``: the state was chosen by ``resume_from="auto"``)."""
     _start_run(trainer, arguments)
     check_same_data_on_every_process(
         trainer.accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
@@ -115,6 +117,8 @@ def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     check_epoch_has_batches(loaders.train, trainer.train_dataset, "train_dataset", processes)
     check_epoch_has_batches(loaders.eval, trainer.eval_dataset, "eval_dataset", processes)
     settings = {name: arguments[name] for name in RUN_SETTINGS}
+    trainer.run_state.asked_accumulation = arguments["gradient_accumulation_steps"]
+    settings["gradient_accumulation_steps"] = _run_accumulation(trainer, arguments, auto)
     settings["train_dl_kwargs"] = loaders.recorded_kwargs("train", train_kwargs)
     settings["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
     config = trainer.run_config = trainer._create_run_config(**settings)
@@ -126,6 +130,18 @@ def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
         if trainer.run_state.pending_resume is None:  # an override that restored the state itself
             _start_at_returned_epoch(trainer, loaded)
         check_something_left_to_train(trainer.progress, config, arguments["resume_from"])
+
+
+def _run_accumulation(trainer: Trainer, arguments: dict[str, Any], auto: bool) -> int:
+    """The run's ``gradient_accumulation_steps``: the one given, but where ``resume_from="auto"``
+    (``auto``) resumes a state saved on another number of processes, the one that keeps its global
+    batch (elastic membership; docs: "Resuming on another number of processes")."""
+    asked = arguments["gradient_accumulation_steps"]
+    if not auto or arguments["resume_from"] is None:
+        return asked
+    return accumulation_keeping_global_batch(
+        arguments["resume_from"], trainer.accelerator, arguments["per_device_batch_size"], asked
+    )
 
 
 def _start_at_returned_epoch(trainer: Trainer, loaded: Any) -> None:

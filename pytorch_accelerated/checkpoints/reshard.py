@@ -99,6 +99,49 @@ def map_position(
     return MappedPosition(consumed, batch_index, consumed - batch_index * now.global_batch)
 
 
+def kept_accumulation(
+    saved: BatchSettings, saved_asked: int | None, now: BatchSettings, directory: Path
+) -> int | None:
+    """The accumulation that keeps the global batch of a state ``saved`` on another number of
+    processes, when the run's settings ``now`` (its accumulation: the one ``train()`` was given)
+    are the script's that saved it (the same per-device batch, and the accumulation asked then,
+    ``saved_asked``); None when the processes or those settings differ (``now`` applies).
+
+    >>> saved = BatchSettings(2, 8, 1)  # 16 samples per update
+    >>> kept_accumulation(saved, 1, BatchSettings(1, 8, 1), Path("s"))
+    2
+    >>> kept_accumulation(BatchSettings(1, 8, 2), 1, BatchSettings(2, 8, 1), Path("s"))  # and back
+    1
+
+    Raises:
+        ValueError: naming the numbers and the fixes, when ``now``'s processes x per-device batch
+            does not divide the saved global batch.
+    """
+    asked_then = saved_asked or saved.gradient_accumulation_steps
+    if saved.num_processes in (0, now.num_processes) or (
+        now.per_device_batch_size,
+        now.gradient_accumulation_steps,
+    ) != (saved.per_device_batch_size, asked_then):
+        return None
+    samples = saved.global_batch * saved.gradient_accumulation_steps
+    if samples % now.global_batch == 0:
+        return samples // now.global_batch
+    fitting = [
+        n
+        for n in range(1, samples // saved.per_device_batch_size + 1)
+        if samples % (n * saved.per_device_batch_size) == 0
+    ]
+    raise ValueError(
+        f"Cannot resume {directory} on {now.num_processes} process(es) with the same global batch: it was "
+        f"saved with {saved.describe()} ({samples} samples per update), and {samples} is not a multiple of "
+        f"{now.num_processes} x per_device_batch_size {now.per_device_batch_size} = {now.global_batch}, so no "
+        f"gradient_accumulation_steps keeps it. Launch on {' or '.join(map(str, fitting))} process(es), or "
+        f"choose the new global batch yourself: pass another per_device_batch_size or "
+        f"gradient_accumulation_steps to train(), or name the state (resume_from={str(directory)!r}), "
+        f"which keeps the settings train() is given."
+    )
+
+
 def unmappable_loader_reason(train_dl_kwargs: dict[str, Any], dataset: Any, map_style: bool) -> str:
     """Why the training loader has no global order to map a position through."""
     if not map_style:

@@ -9,12 +9,16 @@ position means nothing for this run is refused with the reason and the fix.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+from .._internal.distributed import print_once_per_node
 from ..data import batches_per_epoch, is_map_style
 from . import reshard
+from .directories import read_manifest
+from .discovery import resolve_state_dir
 from .reshard import MappedPosition
 from .training_objects import TrainingObjects
 
@@ -56,6 +60,39 @@ def restore_position(objects: TrainingObjects, state: dict[str, Any], process_st
         objects.run_history.load_state_dict(state["run_history"])
     objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
     objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
+
+
+def accumulation_keeping_global_batch(
+    path: str | os.PathLike, accelerator: Any, per_device_batch_size: int, asked: int
+) -> int:
+    """The ``gradient_accumulation_steps`` of a run that resumes the newest state at ``path`` (a
+    state or a folder of them; none there: ``asked``), keeping that state's global batch when it
+    was saved on another number of processes by the same settings (see
+    :func:`.reshard.kept_accumulation`), with one line saying so.
+
+    Raises:
+        ValueError: before training, when no accumulation keeps it.
+    """
+    try:
+        with warnings.catch_warnings():  # the resume itself warns about what it finds there
+            warnings.simplefilter("ignore")
+            directory = resolve_state_dir(path)
+    except (OSError, ValueError):
+        return asked  # nothing to resume: the resume itself says so, or the run starts fresh
+    manifest = read_manifest(directory) or {}
+    now = reshard.BatchSettings(accelerator.num_processes, per_device_batch_size, asked)
+    saved = reshard.BatchSettings.from_manifest(manifest)
+    kept = reshard.kept_accumulation(saved, manifest.get("asked_accumulation_steps"), now, directory)
+    if kept is None:
+        return asked
+    if kept != asked and accelerator.is_main_process:
+        print_once_per_node(
+            accelerator,
+            f"Resuming {directory} on {now.num_processes} process(es), saved on {saved.num_processes}: "
+            f"gradient_accumulation_steps {kept} instead of {asked} keeps its global batch of "
+            f"{saved.global_batch * saved.gradient_accumulation_steps} samples per update.",
+        )
+    return kept
 
 
 def check_run_settings(

@@ -419,6 +419,8 @@ class _StateSave:
             **self.layout.manifest(self.objects, self.position),
             "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
             "run_step": run_state.steps_before + step,
+            # What train() was given: a resume on another number of processes may change it.
+            "asked_accumulation_steps": run_state.asked_accumulation,
         }
 
     def clean_up(self) -> None:
