@@ -229,6 +229,31 @@ def test_final_weights_equal_plain_pytorch_fed_the_same_global_batches_on_the_sa
             )
 
 
-def test_the_killed_agents_failure_and_the_relaunches_are_what_torchrun_did(job: dict[str, Any]) -> None:
-    states = sorted(p.name for p in (job["root"] / "states").iterdir() if not p.name.startswith("."))
-    assert "step_4" in states and "step_9" in states and "step_18" in states, states
+def test_the_states_left_record_who_saved_them_and_the_lines_printed_say_what_happened(
+    job: dict[str, Any],
+) -> None:
+    states = job["root"] / "states"
+    saved_by = {
+        state.name: tuple(
+            json.loads((state / "manifest.json").read_text())[key]
+            for key in ("num_processes", "gradient_accumulation_steps", "asked_accumulation_steps")
+        )
+        for state in states.iterdir()
+        if not state.name.startswith(".")
+    }
+    # 2 x 8 x 1 until the kill; 1 x 8 x 2 (and step_9 on SIGTERM) until the agent came back; 2 x 8 x 1.
+    assert saved_by == {
+        **{f"step_{n}": (2, 1, 1) for n in (2, 4, 10, 12, 14, 16, 18)},
+        **{f"step_{n}": (1, 2, 1) for n in (6, 8, 9)},
+    }
+    output = job["output"]
+    assert "because another process left it" in output  # the survivor's failure names its cause
+    assert (
+        f"Resuming {states}/step_4 on 1 process(es), saved on 2: gradient_accumulation_steps 2 instead of 1 "
+        f"keeps its global batch of 16 samples per update."
+    ) in output
+    assert f"Training stopped: received SIGTERM; saved the training state to {states}/step_9" in output
+    assert (
+        f"Resumed from {states}/step_9, the newest usable state in {states} (epoch 2, update 9; skipping 3 "
+        f"batches already trained this epoch)"
+    ) in output
