@@ -253,7 +253,13 @@ def test_the_states_left_record_who_saved_them_and_the_lines_printed_say_what_ha
         f"keeps its global batch of 16 samples per update."
     ) in output
     assert f"Training stopped: received SIGTERM; saved the training state to {states}/step_9" in output
-    assert (
-        f"Resumed from {states}/step_9, the newest usable state in {states} (epoch 2, update 9; skipping 3 "
-        f"batches already trained this epoch)"
-    ) in output
+    run_id = json.loads((states / "step_9" / "manifest.json").read_text())["run_id"]
+    assert f'resume_from="auto": no training state in {states}, starting a new run' in output
+    for state, where in (
+        ("step_4", "epoch 1, update 4; skipping 8"),
+        ("step_9", "epoch 2, update 9; skipping 3"),
+    ):
+        assert (
+            f'resume_from="auto": resuming run {run_id} from {states}/{state}, the newest usable state in '
+            f"{states} ({where} batches already trained this epoch)"
+        ) in output
