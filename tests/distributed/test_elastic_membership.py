@@ -10,7 +10,8 @@ agent is started again: torchrun stops the 1-process group (SIGTERM: the worker 
 returns) and restarts with 2, which resume with accumulation 1 and finish. The final weights
 equal a plain-PyTorch SGD fed the documented order (each epoch's permutation of seed + epoch,
 16 consecutive samples per update), and every update, counted over the attempts that survived,
-saw exactly its 16 samples: each sample once per epoch.
+saw exactly its 16 samples: each sample once per epoch. Then 3 processes, which cannot keep 16
+samples per update with a per-device batch of 8, are refused before training.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from tests.helpers import free_port, subprocess_env
-from tests.launch import WORKERS_DIR
+from tests.launch import WORKERS_DIR, launch_workers
 
 NUM_SAMPLES, GLOBAL_BATCH, NUM_EPOCHS, SEED = 96, 16, 3, 42  # as in workers/elastic.py
 UPDATES_PER_EPOCH = NUM_SAMPLES // GLOBAL_BATCH
@@ -263,3 +264,23 @@ def test_the_states_left_record_who_saved_them_and_the_lines_printed_say_what_ha
             f'resume_from="auto": resuming run {run_id} from {states}/{state}, the newest usable state in '
             f"{states} ({where} batches already trained this epoch)"
         ) in output
+
+
+def test_3_processes_cannot_keep_16_samples_per_update_and_are_refused_before_training(
+    job: dict[str, Any], tmp_path: Path
+) -> None:
+    states = job["root"] / "states"
+    before = sorted(path.name for path in states.iterdir())
+    run = launch_workers(
+        "elastic.py", tmp_path / "three", "--save-dir", str(states), nproc=3, expect_success=False
+    )
+    assert run.returncode != 0, run.describe()
+    message = (
+        f"ValueError: Cannot resume {states}/step_18 on 3 process(es) with the same global batch: it was saved "
+        f"with 2 process(es) x per_device_batch_size 8 x gradient_accumulation_steps 1 (16 samples per update), "
+        f"and 16 is not a multiple of 3 x per_device_batch_size 8 = 24, so no gradient_accumulation_steps keeps "
+        f"it. Launch on 1 or 2 process(es)"
+    )
+    assert run.output.count(message) == 3, run.describe()  # every process, the same
+    assert all(not log.read_text() for log in (tmp_path / "three").glob("log-*.jsonl"))  # no event fired
+    assert sorted(path.name for path in states.iterdir()) == before  # nothing written, no lock left
