@@ -18,7 +18,7 @@ from .._internal.distributed import print_once_per_node
 from ..data import batches_per_epoch, is_map_style
 from . import reshard
 from .directories import read_manifest
-from .discovery import resolve_state_dir
+from .discovery import candidate_states
 from .reshard import MappedPosition
 from .training_objects import TrainingObjects
 
@@ -76,10 +76,13 @@ def accumulation_keeping_global_batch(
     try:
         with warnings.catch_warnings():  # the resume itself warns about what it finds there
             warnings.simplefilter("ignore")
-            directory = resolve_state_dir(path)
+            candidates = candidate_states(path)[0]
     except (OSError, ValueError):
         return asked  # nothing to resume: the resume itself says so, or the run starts fresh
-    manifest = read_manifest(directory) or {}
+    # The newest whose manifest reads (a damaged one is skipped by the resume too).
+    directory, manifest = next(
+        ((state, manifest) for state in candidates if (manifest := read_manifest(state))), (Path(path), {})
+    )
     now = reshard.BatchSettings(accelerator.num_processes, per_device_batch_size, asked)
     saved = reshard.BatchSettings.from_manifest(manifest)
     kept = reshard.kept_accumulation(saved, manifest.get("asked_accumulation_steps"), now, directory)

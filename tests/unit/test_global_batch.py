@@ -52,12 +52,14 @@ def test_a_global_batch_the_new_processes_do_not_divide_is_refused_naming_the_nu
     )
 
 
-def saved_state(tmp_path: Path, num_processes: int) -> Path:
-    """A real state saved after update 2 by one process (per-device batch 4, accumulation asked 1),
-    its manifest then saying it was written by ``num_processes`` (as one of them would have)."""
+def saved_state(tmp_path: Path, num_processes: int, updates: int = 2) -> Path:
+    """Real states saved every 2 updates by one process (per-device batch 4, accumulation asked 1);
+    the manifest of ``step_2`` then says it was written by ``num_processes`` (as one of them would have)."""
     saver = SaveTrainingStateCallback(tmp_path / "states", save_every_n_steps=2, save_at_end=False)
     trainer = make_trainer(callbacks=(saver,))
-    trainer.train(make_regression_data(16), num_epochs=1, per_device_batch_size=4, max_num_train_steps=2)
+    trainer.train(
+        make_regression_data(32), num_epochs=1, per_device_batch_size=4, max_num_train_steps=updates
+    )
     state = tmp_path / "states" / "step_2"
     manifest = json.loads((state / "manifest.json").read_text())
     assert (manifest["num_processes"], manifest["asked_accumulation_steps"]) == (1, 1)
@@ -84,3 +86,11 @@ def test_the_newest_state_of_a_folder_decides_and_one_line_says_what_changed(
 def test_a_state_saved_on_these_processes_keeps_the_scripts_settings(tmp_path: Path) -> None:
     saved_state(tmp_path, num_processes=1)
     assert accumulation_keeping_global_batch(tmp_path / "states", make_trainer().accelerator, 4, 1) == 1
+
+
+def test_a_newest_state_whose_manifest_is_damaged_is_passed_over_as_the_resume_does(tmp_path: Path) -> None:
+    state = saved_state(tmp_path, num_processes=2, updates=4)
+    damaged = tmp_path / "states" / "step_4" / "manifest.json"
+    damaged.write_text(damaged.read_text()[:40])  # cut short, as by a full disk
+    assert accumulation_keeping_global_batch(tmp_path / "states", make_trainer().accelerator, 4, 1) == 2
+    assert state.name == "step_2"
