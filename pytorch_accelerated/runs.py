@@ -57,14 +57,28 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """What ``Trainer.train`` does with its ``arguments`` (by name): check them all, then set up
     and run ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
-    auto = arguments["resume_from"] == AUTO
-    if auto:  # decided now, by every process alike
-        arguments = {
-            **arguments,
-            "resume_from": AutoResume(trainer.accelerator, auto_resume_folder(trainer)).choose(),
-        }
-    set_up = functools.partial(set_up_training, trainer, arguments, auto)
-    run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
+    relaunch, body = None, trainer._run_training
+    if arguments["resume_from"] == AUTO:  # decided now, by every process alike
+        relaunch = AutoResume(trainer.accelerator, auto_resume_folder(trainer))
+        arguments = {**arguments, "resume_from": relaunch.choose()}
+        body = functools.partial(_recording_failures, trainer, relaunch)
+    set_up = functools.partial(set_up_training, trainer, arguments, relaunch)
+    run_guarded(trainer, set_up, body, end="training_run_end", stopped="Training stopped")
+
+
+def _recording_failures(trainer: Trainer, relaunch: AutoResume) -> None:
+    """``trainer._run_training()``, its failure (an exception, not a stop) recorded for the next
+    ``resume_from="auto"`` launch; a run that ends without one clears this process's record."""
+    try:
+        trainer._run_training()
+    except StopTrainingError:
+        raise
+    except Exception as error:
+        progress = trainer.progress
+        position = {"update": trainer.run_state.run_step(progress), "epoch": progress.epoch + 1}
+        relaunch.record_failure(error, {**position, "batch": progress.batch_index})
+        raise
+    relaunch.clear_failure()
 
 
 def evaluate(
@@ -135,9 +149,11 @@ def auto_resume_folder(trainer: Trainer) -> Path:
     )
 
 
-def set_up_training(trainer: Trainer, arguments: dict[str, Any], auto: bool = False) -> None:
+def set_up_training(trainer: Trainer, arguments: dict[str, Any], relaunch: AutoResume | None = None) -> None:
     """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
-    (``auto``: the state was chosen by ``resume_from="auto"``)."""
+    (``relaunch``: the state was chosen by ``resume_from="auto"``, which may end the launch here
+    when it would repeat a failure)."""
+    auto = relaunch is not None
     _start_run(trainer, arguments)
     check_same_data_on_every_process(
         trainer.accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
@@ -167,6 +183,10 @@ def set_up_training(trainer: Trainer, arguments: dict[str, Any], auto: bool = Fa
         if trainer.run_state.pending_resume is None:  # an override that restored the state itself
             _start_at_returned_epoch(trainer, loaded)
         check_something_left_to_train(trainer.progress, config, arguments["resume_from"], auto)
+    if relaunch is not None:
+        resumed = arguments["resume_from"] is not None
+        origin = {"run_id": trainer.run_state.run_id, "update": trainer.run_state.run_step(trainer.progress)}
+        relaunch.check_not_repeating(origin if resumed else None)
 
 
 def _run_accumulation(trainer: Trainer, arguments: dict[str, Any], auto: bool) -> int:

@@ -158,7 +158,8 @@ class Trainer:
 
         ``resume_from``: None (a new run), a training state or a folder of them (its newest complete
         one), or ``"auto"``: the folder of the Trainer's ``SaveTrainingStateCallback`` when it holds a
-        state, else a new run, said in one line; the same script then serves every relaunch (see
+        state, else a new run, said in one line; the same script then serves every relaunch, and a
+        failure repeated at the same update ends the next launch before training (see
         docs/checkpoints.md, "One script for every launch").
 
         >>> import torch

@@ -246,7 +246,8 @@ def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, argument
     if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
         raise TypeError(
             f"resume_from must be a path (str or os.PathLike) to a training state or a folder of "
-            f"them, or None; got {resume_from!r} ({type(resume_from).__name__})."
+            f'them, "auto" (the folder of the SaveTrainingStateCallback, or a new run), or None; got '
+            f"{resume_from!r} ({type(resume_from).__name__})."
         )
     check_dataloader_kwargs(arguments["train_dataloader_kwargs"], "train_dataloader_kwargs")
     check_dataloader_kwargs(arguments["eval_dataloader_kwargs"], "eval_dataloader_kwargs")

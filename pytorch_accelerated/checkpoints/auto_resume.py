@@ -1,25 +1,42 @@
 """What ``train(..., resume_from="auto")`` decides, the same on every process: the training state to
-resume from in the folder of the run's states, or a new run.
+resume from in the folder of the run's states, or a new run; and whether the relaunch would only
+repeat the failure that ended the launches before it.
 
 Knows nothing of the Trainer: it is given the accelerator and the folder. One collective call decides:
 the local main process of each machine lists the states of its own folder (the folders of several
-machines need not be one shared folder), every process gathers the lists and takes the same decision.
-See docs/checkpoints.md, "One script for every launch".
+machines need not be one shared folder) and the failure records there, every process gathers the
+lists and takes the same decision. A run started with ``"auto"`` that ends with an exception records
+it, per process, in ``<folder>/failure_rank{R}.json``; the same failure again after resuming from
+the same state marks the record repeated, and the next ``"auto"`` launch that would resume from that
+state again ends before training. See docs/checkpoints.md, "One script for every launch" and
+"No endless restart loop".
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 from accelerate.utils import gather_object
 
+from .._internal.errors import add_note
 from .discovery import candidate_states
 from .original_states import is_original_state
 
 #: The value of ``resume_from`` that chooses by itself.
 AUTO = "auto"
+#: The file a process of an ``"auto"`` run records its failure in, inside the folder of states.
+FAILURE_RECORD = "failure_rank{rank}.json"
+
+
+class RepeatedFailureError(RuntimeError):
+    """A ``resume_from="auto"`` launch would resume from the state after which the same failure
+    happened at least twice: it ends before training (its message says where and what to do)."""
 
 
 class AutoResume:
@@ -28,6 +45,8 @@ class AutoResume:
     def __init__(self, accelerator: Any, folder: Path) -> None:
         self.accelerator = accelerator
         self.folder = folder
+        self.failures: list[dict[str, Any]] = []  # the records every machine's folder holds
+        self.origin: dict[str, Any] | None = None  # the state the run resumed from (None: new)
 
     def choose(self) -> Path | None:
         """The state (or folder of states) to resume from, or None for a new run; every process
@@ -45,10 +64,105 @@ class AutoResume:
         accelerator = self.accelerator
         view = _view(self.folder, accelerator.process_index) if accelerator.local_process_index == 0 else None
         views = [view] if accelerator.num_processes == 1 else gather_object([view])
-        chosen = decide(self.folder, [node for node in views if node is not None])
+        nodes = [node for node in views if node is not None]
+        self.failures = [record for node in nodes for record in node["failures"]]
+        chosen = decide(self.folder, nodes)
         if chosen is None and accelerator.is_main_process:
             print(f'resume_from="auto": no training state in {self.folder}, starting a new run')
         return chosen
+
+    def check_not_repeating(self, origin: dict[str, Any] | None) -> None:
+        """Before training: note where the run starts (``origin``: the ``run_id`` and ``update`` of
+        the state it resumed, None for a new run), and end the launch when a repeated failure was
+        recorded after starting there (on every process alike: they share the records).
+
+        Raises:
+            RepeatedFailureError: naming the failure, where, how many times, and what to do.
+        """
+        self.origin = origin
+        for record in self.failures:
+            if record.get("repeated") and record.get("resumed_from") == origin:
+                raise RepeatedFailureError(
+                    f'resume_from="auto": the same failure as before. {_describe(record)}, '
+                    f"{record['count']} times, the last after {_describe_origin(origin)} (recorded in "
+                    f"{record['file']}). "
+                    f"This launch ends here instead of training up to it again. Fix the cause, then delete "
+                    f"{record['file']} and launch again (a newer state in {self.folder} clears it too); or "
+                    f"pass resume_from an earlier state of {self.folder} to try from there."
+                )
+
+    def record_failure(self, error: BaseException, position: dict[str, int]) -> None:
+        """The run failed on this process with ``error`` at ``position`` (``update``, ``epoch``,
+        ``batch``, counted from 1, 1, 0) after starting at :attr:`origin`: record it in this
+        process's file; when it is the same failure as the one recorded there before (the same
+        exception type raised by the same line at the same update: no progress past it), count it,
+        mark it repeated and add a note to ``error`` saying so. Never raises: a failure to record
+        is a note on ``error``."""
+        path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
+        frames = traceback.extract_tb(error.__traceback__)
+        record = {
+            "exception": type(error).__qualname__,
+            "message": str(error),
+            "raised_at": f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown",
+            **position,
+            "resumed_from": self.origin,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "count": 1,
+            "repeated": False,
+        }
+        before = _read_record(path)
+        same = ("exception", "raised_at", "update")
+        if before is not None and all(before.get(key) == record[key] for key in same):
+            record.update(count=int(before.get("count", 1)) + 1, repeated=True)
+            add_note(
+                error,
+                f'resume_from="auto": the same failure as before, {record["count"]} times at update '
+                f"{record['update']}, this time after {_describe_origin(self.origin)} (recorded in {path}): "
+                f'the next launch with resume_from="auto" that would start there again ends before training.',
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f".{path.name}.{os.getpid()}")
+            temporary.write_text(json.dumps(record, indent=1))
+            os.replace(temporary, path)
+        except OSError as failure:
+            add_note(error, f"(This failure could not be recorded in {path}: {failure}.)")
+
+    def clear_failure(self) -> None:
+        """The run ended without an exception: remove this process's failure record."""
+        path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a folder that turned read-only: the record stays, cleared by the newer states
+            pass
+
+
+def _describe(record: dict[str, Any]) -> str:
+    return (
+        f"{record['exception']}: {record['message']!r} at update {record['update']} (epoch {record['epoch']}, "
+        f"batch {record['batch']}), raised at {record['raised_at']}"
+    )
+
+
+def _describe_origin(origin: dict[str, Any] | None) -> str:
+    if origin is None:
+        return "starting a new run"
+    return f"resuming from update {origin['update']} of run {origin['run_id']}"
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _failures_in(folder: Path) -> list[dict[str, Any]]:
+    """The failure records in ``folder`` (each with the ``file`` it was read from)."""
+    found = sorted(folder.glob(FAILURE_RECORD.format(rank="*"))) if folder.is_dir() else []
+    records = [(path, _read_record(path)) for path in found]
+    return [{**record, "file": str(path)} for path, record in records if record is not None]
 
 
 def decide(folder: Path, nodes: list[dict[str, Any]]) -> Path | None:
@@ -81,9 +195,9 @@ def decide(folder: Path, nodes: list[dict[str, Any]]) -> Path | None:
 def _view(folder: Path, rank: int) -> dict[str, Any]:
     """What this machine sees in ``folder``: the states a resume would try, in order, or the problem."""
     try:
-        return {"rank": rank, "states": _states_in(folder), "problem": None}
+        return {"rank": rank, "states": _states_in(folder), "failures": _failures_in(folder), "problem": None}
     except Exception as error:  # said on every process, by choose()
-        return {"rank": rank, "states": [], "problem": str(error)}
+        return {"rank": rank, "states": [], "failures": [], "problem": str(error)}
 
 
 def _states_in(folder: Path) -> list[str]:

@@ -2,15 +2,25 @@
 launch (a new run, said once) and the relaunch after both processes were SIGKILLed (every process
 resumes from the same state, said once, and the run ends bitwise equal to the uninterrupted one).
 
+Under ``torchrun --max-restarts 3``: an exception raised once in a callback is restarted past and the
+run ends bitwise equal to the uninterrupted one; one raised at the same update on every attempt is
+recognised as the same failure, and the restarts run out without training up to it again.
+
 The runs are ``workers/auto_resume.py`` (6 updates per epoch on 2 processes, 3 epochs, a state
 every 2 updates).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
-from tests.launch import WorkerRun, start_workers
+from tests.helpers import free_port, subprocess_env
+from tests.launch import WORKERS_DIR, WorkerRun, launcher, start_workers
 
 TOTAL_UPDATES = 18
 KILL_AT_UPDATE = 5  # after the state of update 4
@@ -51,3 +61,93 @@ def test_relaunch_after_sigkill_resumes_on_every_process_from_the_same_state_to_
     plain = runs["plain"].results[0]
     assert [result["weights"] for result in run.results] == [plain["weights"], plain["weights"]]
     assert [result["global_step"] for result in run.results] == [TOTAL_UPDATES, TOTAL_UPDATES]
+
+
+MAX_RESTARTS = 3
+REPEATED_AT_UPDATE = 15  # after the state of update 14
+UPDATE_SLEEP_S = 0.5
+
+
+def with_restarts(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the worker under ``torchrun --max-restarts 3`` on 2 processes; return it and its seconds.
+
+    The c10d rendezvous with a store of the workers' own: a restarted gloo group formed on torchrun's
+    shared store reads the previous attempt's addresses and fails to form."""
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    command = [*launcher(2), *rendezvous, "--max-restarts", str(MAX_RESTARTS)]
+    out.mkdir(parents=True)
+    started = time.monotonic()
+    done = subprocess.run(
+        [*command, str(WORKERS_DIR / "auto_resume.py"), "--out", str(out), *args],
+        env={**subprocess_env(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done, time.monotonic() - started
+
+
+def logged(out: Path, name: str, rank: int) -> list[list[str]]:
+    path = out / f"{name}_rank{rank}.log"
+    return [line.split(" ", 2) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_an_exception_raised_once_is_restarted_past_to_the_uninterrupted_weights(
+    runs: dict[str, WorkerRun], tmp_path: Path
+) -> None:
+    out = tmp_path / "once"
+    done, _ = with_restarts(
+        out,
+        "--save-dir",
+        str(tmp_path / "states"),
+        "--fail-at-update",
+        "5",
+        "--fail-once",
+        str(tmp_path / "failed"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert [line[2] for line in logged(out, "attempts", rank)] == ["RuntimeError", "finished"]
+        updates = [(int(attempt), int(update)) for attempt, update in logged(out, "updates", rank)]
+        assert updates == [(0, u) for u in range(1, 6)] + [(1, u) for u in range(5, TOTAL_UPDATES + 1)]
+    plain = runs["plain"].results[0]["weights"]
+    assert [json.loads((out / f"rank{r}.json").read_text())["weights"] for r in (0, 1)] == [plain, plain]
+
+
+def test_the_same_exception_on_every_attempt_ends_the_restarts_without_training_up_to_it_again(
+    tmp_path: Path,
+) -> None:
+    out, folder = tmp_path / "repeating", tmp_path / "states"
+    done, elapsed = with_restarts(
+        out,
+        "--save-dir", str(folder),
+        "--fail-at-update", str(REPEATED_AT_UPDATE),
+        "--update-sleep", str(UPDATE_SLEEP_S),
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    for rank in (0, 1):
+        attempts = logged(out, "attempts", rank)
+        assert [line[2] for line in attempts] == ["RuntimeError", "RuntimeError"] + [
+            "RepeatedFailureError"
+        ] * 2
+        updates = [(int(attempt), int(update)) for attempt, update in logged(out, "updates", rank)]
+        # The first attempt trains up to the failure, the second from the state before it; then none.
+        assert updates == [(0, u) for u in range(1, REPEATED_AT_UPDATE + 1)] + [(1, REPEATED_AT_UPDATE)]
+        first = float(attempts[0][1])  # at least 15 updates of 0.5 s
+        assert all(float(line[1]) < first / 2 for line in attempts[2:]), attempts
+    record = folder / "failure_rank0.json"
+    assert output.count('resume_from="auto": the same failure as before, 2 times at update 15') == 2, output
+    assert (
+        output.count(
+            f"This launch ends here instead of training up to it again. Fix the cause, then delete {record}"
+        )
+        >= 2
+    )
+    seconds = [float(line[1]) for line in logged(out, "attempts", 0)]
+    print(  # the figures (pytest -s): the restarts ran out without training up to the failure again
+        f"{MAX_RESTARTS + 1} attempts in {elapsed:.1f} s; seconds in train() per attempt (rank 0): "
+        f"{', '.join(f'{value:.1f}' for value in seconds)}; updates trained per attempt: {REPEATED_AT_UPDATE}, 1, 0, 0 "
+        f"(without the record: {REPEATED_AT_UPDATE}, 1, 1, 1, and as many restarts as torchrun allows)"
+    )

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
 from pytorch_accelerated.checkpoints.auto_resume import decide
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
@@ -224,3 +224,86 @@ def test_a_process_killed_by_sigkill_is_relaunched_by_the_same_command_past_its_
     assert resumed["weights"] == plain["weights"] and resumed["global_step"] == 36
     assert not (folder / LOCK_NAME).exists()
     shutil.rmtree(tmp_path / "plain")
+
+
+# ---------------------------------------------------------------------------- no endless restart loop
+
+
+class CountUpdates(TrainerCallback):
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.updates += 1
+
+
+def test_the_same_failure_again_is_noted_and_the_next_auto_launch_ends_before_training(
+    tmp_path: Path,
+) -> None:
+    folder, record = tmp_path / "checkpoints", tmp_path / "checkpoints" / "failure_rank0.json"
+    with pytest.raises(RuntimeError) as first:
+        run(folder, 3, FailAt(7))
+    assert not any("same failure" in note for note in getattr(first.value, "__notes__", []))
+    assert json.loads(record.read_text())["count"] == 1
+    with pytest.raises(RuntimeError) as second:
+        run(folder, 3, FailAt(7))
+    run_id = read_manifest(folder / "step_6")["run_id"]  # type: ignore[index]
+    assert (
+        f'resume_from="auto": the same failure as before, 2 times at update 7, this time after resuming from '
+        f'update 6 of run {run_id} (recorded in {record}): the next launch with resume_from="auto" that '
+        f"would start there again ends before training." in second.value.__notes__
+    )
+    recorded = json.loads(record.read_text())
+    assert {key: value for key, value in recorded.items() if key != "when"} == {
+        "exception": "RuntimeError",
+        "message": "injected failure at update 7",
+        "raised_at": f"{Path(__file__).resolve()}:{FailAt.on_train_step_end.__code__.co_firstlineno + 2}",
+        "update": 7,
+        "epoch": 2,
+        "batch": 3,
+        "resumed_from": {"run_id": run_id, "update": 6},
+        "count": 2,
+        "repeated": True,
+    }
+    counter = CountUpdates()
+    with pytest.raises(RuntimeError) as third:
+        run(folder, 3, FailAt(7), counter)
+    assert type(third.value).__name__ == "RepeatedFailureError" and counter.updates == 0
+    assert str(third.value) == (
+        f"resume_from=\"auto\": the same failure as before. RuntimeError: 'injected failure at update 7' at "
+        f"update 7 (epoch 2, batch 3), raised at {recorded['raised_at']}, 2 times, the last after resuming "
+        f"from update 6 of run {run_id} (recorded in {record}). This launch ends here instead of training up "
+        f"to it again. Fix the cause, then delete {record} and launch again (a newer state in {folder} clears "
+        f"it too); or pass resume_from an earlier state of {folder} to try from there."
+    )
+    record.unlink()  # the cause fixed: the same command finishes the run
+    trainer = run(folder)
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
+    assert not record.exists()
+
+
+def test_a_newer_state_clears_a_repeated_failure(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            run(folder, 3, FailAt(7))
+    # Progress made another way (an explicit resume past update 7): a newer state in the folder.
+    make_trainer(
+        [SaveTrainingStateCallback(folder, save_every_n_steps=2, save_at_end=False)], momentum=0.9
+    ).train(DATA, num_epochs=3, per_device_batch_size=8, max_num_train_steps=9, resume_from=folder)
+    trainer = run(folder)  # resumed from step_8
+    assert trainer.progress.global_step == 12
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
+    assert not (folder / "failure_rank0.json").exists()
+
+
+def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
+    class Stop(TrainerCallback):
+        def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+            if trainer.progress.global_step == 3:
+                raise StopTrainingError("enough")
+
+    run(tmp_path / "checkpoints", 3, Stop())
+    assert not list((tmp_path / "checkpoints").glob("failure_*"))

@@ -177,7 +177,8 @@ def test_evaluate_without_any_dataset_says_what_to_pass() -> None:
         (
             "resume_from",
             3,
-            r"resume_from must be a path \(str or os.PathLike\) to a training state or a folder of them, or None; got 3 \(int\)",
+            r'resume_from must be a path \(str or os.PathLike\) to a training state or a folder of them, "auto" '
+            r"\(the folder of the SaveTrainingStateCallback, or a new run\), or None; got 3 \(int\)",
         ),
     ],
 )

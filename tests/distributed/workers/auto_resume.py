@@ -4,7 +4,7 @@ Started by tests/distributed/test_auto_resume.py (under torchrun, on 2 processes
 tests/integration/test_auto_resume.py (one process)::
 
     python auto_resume.py --out OUT --save-dir DIR [--fail-at-update N] [--fail-once MARKER]
-                          [--kill-at-update N]
+                          [--kill-at-update N] [--update-sleep S]
 
 The run: the MLP of ``common.py``, SGD with momentum, 48 samples in per-device batches of 4
 (6 updates per epoch on 2 processes, 12 on 1), 3 epochs, a state saved into ``--save-dir`` every
@@ -12,13 +12,17 @@ The run: the MLP of ``common.py``, SGD with momentum, 48 samples in per-device b
 ``RuntimeError("injected failure at update N")`` on every process at update N (with
 ``--fail-once MARKER``: only while the file MARKER does not exist; the failing attempt creates
 it). ``--kill-at-update N``: the process SIGKILLs itself at update N, after that update's save.
-Each rank writes ``rank{RANK}.json``: its final weights, update and number of processes.
+``--update-sleep S``: each update takes S seconds more. Each process appends
+``<torchrun's restart count> <update>`` to ``OUT/updates_rank{RANK}.log`` after each update it
+trains, ``<restart count> <seconds in train()> <finished or the exception's type>`` to
+``OUT/attempts_rank{RANK}.log`` when ``train()`` ends, and writes ``rank{RANK}.json`` at the end: its final weights, update and number of processes.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,19 @@ from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCall
 
 NUM_EPOCHS = 3
 SAVE_EVERY_N_STEPS = 2
+
+
+class LogUpdates(TrainerCallback):
+    """Append each update trained, with the attempt (torchrun's restart count), to ``path``; sleep ``sleep_s``."""
+
+    def __init__(self, path: Path, sleep_s: float) -> None:
+        self.path, self.sleep_s = path, sleep_s
+        self.attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+    def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        with self.path.open("a") as log:
+            log.write(f"{self.attempt} {trainer.progress.global_step}\n")
+        time.sleep(self.sleep_s)
 
 
 class InjectFault(TrainerCallback):
@@ -51,9 +68,14 @@ class InjectFault(TrainerCallback):
 
 
 def main() -> None:
-    args = parse_args({"save-dir": "", "fail-at-update": 0, "fail-once": "", "kill-at-update": 0})
+    args = parse_args(
+        {"save-dir": "", "fail-at-update": 0, "fail-once": "", "kill-at-update": 0, "update-sleep": 0.0}
+    )
     model = make_mlp()
-    callbacks: list[Any] = [SaveTrainingStateCallback(args.save_dir, save_every_n_steps=SAVE_EVERY_N_STEPS)]
+    callbacks: list[Any] = [
+        SaveTrainingStateCallback(args.save_dir, save_every_n_steps=SAVE_EVERY_N_STEPS),
+        LogUpdates(args.out / f"updates_rank{rank()}.log", args.update_sleep),
+    ]
     if args.fail_at_update or args.kill_at_update:
         once = Path(args.fail_once) if args.fail_once else None
         callbacks.append(
@@ -62,7 +84,19 @@ def main() -> None:
     trainer = Trainer(
         model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), callbacks=callbacks
     )
-    trainer.train(RegressionDataset(48), num_epochs=NUM_EPOCHS, per_device_batch_size=4, resume_from="auto")
+    started, outcome = time.monotonic(), "finished"
+    try:
+        trainer.train(
+            RegressionDataset(48), num_epochs=NUM_EPOCHS, per_device_batch_size=4, resume_from="auto"
+        )
+    except Exception as error:
+        outcome = type(error).__name__
+        raise
+    finally:  # how long this attempt took, and how it ended
+        with (args.out / f"attempts_rank{rank()}.log").open("a") as log:
+            log.write(
+                f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} {time.monotonic() - started:.3f} {outcome}\n"
+            )
     write_result(
         args.out,
         {
