@@ -134,24 +134,26 @@ class TrainingStateStore:
         ``save_on_each_node``), and each machine's main process prints one line saying so.
 
         Raises:
-            ValueError: when some machines share the folder and others do not.
+            ValueError: when some machines share the folder and others do not, or the processes of
+                one machine do not all see it.
         """
         accelerator = self._accelerator
         holder = folder_lock.read(folder)
         sees = holder is not None and holder.get("token") == token
         rows = per_process(accelerator, [sees, accelerator.is_local_main_process])
         nodes = list(itertools.accumulate(int(local) for _, local in rows))  # node of each rank, from 1
-        unseen = sorted({node - 1 for node, (saw, _) in zip(nodes, rows, strict=True) if not saw})
-        seen = sorted({node - 1 for node, (saw, _) in zip(nodes, rows, strict=True) if saw} - {0})
-        self._shared = not unseen
-        if not unseen:
+        blind = [rank for rank, (saw, _) in enumerate(rows) if not saw]
+        unseen = sorted({nodes[rank] - 1 for rank in blind})
+        seen = sorted({node - 1 for node, (saw, _) in zip(nodes, rows, strict=True) if saw})
+        self._shared = not blind
+        if not blind:
             return
-        if seen or 0 in unseen:
+        if seen != [0] or 0 in unseen:
             raise ValueError(
-                f"The folder {folder} is shared by some machines and not by others: what the main process "
-                f"writes there is seen on {_nodes(seen or [0])} and not on {_nodes(unseen)} "
-                f"(nodes numbered from 0, the main process's). Give every machine the same shared folder, or "
-                f"each machine a folder of its own (training states are then saved on each machine)."
+                f"The folder {folder} is seen by some processes of this run and not by others: process "
+                f"{_listed(blind)} ({_nodes(unseen)}) cannot see what the main process writes there, though "
+                f"processes on {_nodes(seen)} can. Give every machine the same shared folder, or each machine "
+                f"a folder of its own that all its processes see (training states are then saved on each machine)."
             )
         accelerator.project_configuration.save_on_each_node = True
         print_once_per_node(
@@ -495,6 +497,10 @@ class _StateSave:
         remove_temporary(self.output_dir)
 
 
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
+
+
 def _nodes(nodes: list[int]) -> str:
     """``node 1`` or ``nodes 1, 2``."""
-    return f"node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))}"
+    return f"node{'s' if len(nodes) > 1 else ''} {_listed(nodes)}"
