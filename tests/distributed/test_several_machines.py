@@ -8,8 +8,8 @@ Two pairs of launches in the same directories: ``first``, then ``relaunch``.
   main process's folder, says so once per node, and saves a whole state on each node (its
   asynchronous saves synchronously, said once; ``max_checkpoints`` rotating on each node); a state
   saved by hand finds it at its first save. A folder both nodes see is saved once, with no line.
-- The relaunch resumes each node from the same state in its own folder, mid-epoch 2, and ends
-  with the very weights of the uninterrupted run.
+- The relaunch (``resume_from="auto"`` in both phases) resumes each node from the same state in
+  its own folder, mid-epoch 2, and ends with the very weights of the uninterrupted run.
 - With ``save_on_each_node`` set by an override, each node's directory holds a whole state (less
   the other node's RNG file), and a fresh Trainer on each node resumes from its own directory,
   mid-epoch, to the very weights of the uninterrupted run; a state saved asynchronously is
@@ -21,6 +21,7 @@ Two pairs of launches in the same directories: ``first``, then ``relaunch``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,13 @@ def test_a_relaunch_resumes_each_node_from_its_own_folder_to_the_uninterrupted_w
             f"states/step_6/{name}" for name in sorted([*SHARED, f"rng_state_{rank}.pt"])
         ]
         assert NOTICE in node["output"]  # the relaunch finds it again
-    resumed = "Resumed from checkpoints/states/step_6, the newest usable state in checkpoints/states (epoch 2, update 6"
-    assert resumed in nodes["relaunch"][0]["output"]
+    started = 'resume_from="auto": no training state in checkpoints/states, starting a new run'
+    assert started in nodes["first"][0]["output"]  # said by the main process
+    resumed = (
+        r'resume_from="auto": resuming run \S+ from checkpoints/states/step_6, the newest usable state in '
+        r"checkpoints/states \(epoch 2, update 6; skipping 2 batches"
+    )
+    assert re.search(resumed, nodes["relaunch"][0]["output"])
 
 
 SHARED = ["manifest.json", "model.pt", "optimizer.pt", "trainer_state.pt"]

@@ -10,8 +10,9 @@ folder (nothing changes there); then the ``save_on_each_node`` override: a per-n
 mid-epoch 2 resumed by a fresh Trainer, ``save_checkpoint`` with ``save_per_node`` True and
 False, and an asynchronous per-node state (refused).
 
-``--phase relaunch``: the same script launched again in the same working directories resumes
-every node from its own folder and trains to the end; so does an uninterrupted run (the oracle).
+Both phases call ``train(..., resume_from="auto")``. ``--phase relaunch``: the same script
+launched again in the same working directories resumes every node from its own folder and
+trains to the end; so does an uninterrupted run (the oracle).
 
 Each node reports its files and whether the weights equal those they must.
 """
@@ -29,7 +30,6 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
-from pytorch_accelerated.checkpoints.discovery import list_complete_states
 
 DATA = RegressionDataset(32)  # 2 nodes x batches of 4: 4 updates per epoch
 STATE = Path("checkpoints/state-mid-epoch-2")
@@ -99,15 +99,10 @@ def saving_states(*callbacks: Any) -> tuple[Any, ...]:
     )
 
 
-def resume_from(save_dir: Path) -> Path | None:
-    """The folder when it holds a complete state, else None (a fresh start)."""
-    return save_dir if list_complete_states(save_dir) else None
-
-
 def first(shared: Path) -> dict[str, Any]:
     result: dict[str, Any] = {}
     stopped = new_trainer(Trainer, seed=0, callbacks=saving_states(StopAfter(7)))
-    stopped.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from=resume_from(STATES))
+    stopped.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from="auto")
     by_hand = new_trainer(Trainer, seed=0)
     by_hand.train(DATA, num_epochs=1, per_device_batch_size=4)
     by_hand.save_training_state("checkpoints/by-hand/state", asynchronous=True)
@@ -142,7 +137,7 @@ def first(shared: Path) -> dict[str, Any]:
 def relaunch() -> dict[str, Any]:
     start = StartStep()
     resumed = new_trainer(Trainer, seed=3, callbacks=saving_states(start))
-    resumed.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from=resume_from(STATES))
+    resumed.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from="auto")
     oracle = new_trainer(Trainer, seed=0)  # the uninterrupted run
     oracle.train(DATA, num_epochs=2, per_device_batch_size=4)
     return {
