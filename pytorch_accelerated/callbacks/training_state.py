@@ -14,6 +14,7 @@ from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
+from ..checkpoints.collective_saves import writes_shared_files
 from ..checkpoints.directories import MANIFEST, read_manifest
 from ..checkpoints.discovery import list_complete_states
 from ..checkpoints.finite import NonFiniteStateError
@@ -315,7 +316,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         return True
 
     def _rotate(self, trainer: Trainer, just_saved: Path | None) -> None:
-        if self.max_checkpoints is not None and trainer.is_world_process_zero:
+        if self.max_checkpoints is not None and writes_shared_files(trainer.accelerator):  # on each machine
             _delete_old_states(self.save_dir, self.max_checkpoints, just_saved=just_saved)
 
     def state_dict(self) -> dict[str, Any]:

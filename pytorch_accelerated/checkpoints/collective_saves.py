@@ -97,16 +97,16 @@ def unshared_directory_error(
     accelerator: Any, temporary: Path, error: Exception | None = None
 ) -> Exception | None:
     """``error``; or, when this process cannot see the hidden directory ``temporary`` that the
-    main process created (the nodes share no file system), an error that says so and how to save
-    on each node: a background save's publisher would otherwise wait for this process's files
-    there until the collective timeout."""
+    main process created (a folder that looked shared when the run started), an error that says so:
+    a background save's publisher would otherwise wait for this process's files there until the
+    collective timeout."""
     if temporary.is_dir() or saves_on_each_node(accelerator):
         return error
     return files.CheckpointWriteError(
         getattr(error, "errno", None) or errno.ENOENT,
         f"process {accelerator.process_index} cannot see the directory {temporary} that the main process "
-        f"created: this node does not share the main process's file system. Save on each node: set "
-        f"accelerator.project_configuration.save_on_each_node = True in the Trainer's _create_accelerator "
-        f"(see 'Several machines' in docs/launching.md)",
+        f"created, though it saw the folder's lock there (a file system shared with a delay?). Give each "
+        f"machine a folder of its own (states are then saved on each machine), or a folder that every "
+        f"machine sees at once (see 'Several machines' in docs/launching.md)",
         temporary,
     )

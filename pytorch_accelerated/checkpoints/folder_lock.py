@@ -53,7 +53,7 @@ def acquire(folder: Path, run_id: str) -> dict[str, Any]:
             return record
         holder = _read(lock)
         if holder is not None and not _is_stale(lock, holder):
-            raise FolderInUseError(_in_use_message(folder, holder))
+            raise FolderInUseError(_in_use_message(folder, holder, run_id))
         if holder is not None:
             _remove_stale(lock, holder)
     raise FolderInUseError(_in_use_message(folder, _read(lock) or {}))
@@ -118,6 +118,11 @@ def _create(lock: Path, record: dict[str, Any]) -> bool:
     finally:
         private.unlink(missing_ok=True)
     return True
+
+
+def read(folder: Path) -> dict[str, Any] | None:
+    """The record of ``folder``'s lock (see :func:`_read`)."""
+    return _read(folder / LOCK_NAME)
 
 
 def _read(lock: Path) -> dict[str, Any] | None:
@@ -196,7 +201,15 @@ def _describe(holder: dict[str, Any]) -> str:
     )
 
 
-def _in_use_message(folder: Path, holder: dict[str, Any]) -> str:
+def _in_use_message(folder: Path, holder: dict[str, Any], run_id: str = "") -> str:
+    if holder.get("run_id") == run_id:  # another machine of this run (see TrainingStateStore.hold)
+        return (
+            f"{folder} is held by this very run ({_describe(holder)}; lock file {folder / LOCK_NAME}): "
+            f"either the machines share this folder although one of them did not see it when the run "
+            f"started (a shared file system that shows new files late), so each machine was to save its "
+            f"own states there; or an earlier launch of this run still runs. Launch again once it has "
+            f"ended (the check runs again), or make the file system show new files at once."
+        )
     return (
         f"{folder} is in use by another run that writes training states there: {_describe(holder)} "
         f"(lock file {folder / LOCK_NAME}). Two runs saving into one folder would mix their states. "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from accelerate.utils import gather_object, set_seed
 
-from .._internal.distributed import print_once_per_node, ranks_where
+from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
 from . import files, finite, folder_lock, resume, settings_checks, sharded
@@ -68,6 +69,8 @@ class TrainingStateStore:
         self._background: tuple[BackgroundStateWrite, int] | None = None
         self._host_buffers: dict[tuple[int, str, int], Any] = {}
         self._resuming: str | None = None  # inside resuming(): "path", or "auto"
+        self._shared: bool | None = None  # whether the machines share the folders (None: not known yet)
+        self._told_synchronous = False
         self._held: dict[Path, dict[str, Any] | None] = {}  # folder -> its lock's record (writing process)
         self._runs = 0  # runs under way (an evaluate() inside a training run is a second)
 
@@ -77,6 +80,8 @@ class TrainingStateStore:
         """Take the lock of ``folder`` for the run ``run_id`` (see :mod:`.folder_lock`), unless held
         already; the process that writes the shared files takes it, and every process agrees.
 
+        The first folder held with several processes also tells whether the machines share it
+        (:meth:`_check_shared`); when they do not, states are saved on each machine from then on.
         A folder that cannot be written (e.g. its parent is a file) gets no lock: the save there
         fails with its own error.
 
@@ -86,25 +91,77 @@ class TrainingStateStore:
         folder = Path(os.path.abspath(folder))
         if folder in self._held:
             return
-        record, error = None, None
-        if writes_shared_files(self._accelerator):
+        record, token = self._lock(folder, run_id, writes_shared_files(self._accelerator))
+        if token and self._shared is None and not saves_on_each_node(self._accelerator):
+            try:
+                self._check_shared(folder, token)
+            except ValueError:
+                if record is not None:
+                    folder_lock.release(folder, record)
+                raise
+            if self._shared is False:  # each machine's main process holds its own folder too
+                record = self._lock(folder, run_id, not self._accelerator.is_main_process)[0] or record
+        self._held[folder] = record
+
+    def _lock(self, folder: Path, run_id: str, takes: bool) -> tuple[dict[str, Any] | None, str]:
+        """Take the lock of ``folder`` on the processes where ``takes`` (each node's main process at
+        most); return this process's record and the main process's lock token ("" without one)."""
+        accelerator, record, error = self._accelerator, None, None
+        if takes and accelerator.is_local_main_process:
             try:
                 record = folder_lock.acquire(folder, run_id)
             except folder_lock.FolderInUseError as failure:
                 error = failure
             except OSError:  # a folder that cannot be written: no lock; the save says why
                 pass
-        accelerator = self._accelerator
-        errors = [str(error)] if error is not None else []
+        token = record["token"] if record is not None and accelerator.is_main_process else ""
+        outcomes = [(str(error) if error is not None else "", token)]
         if accelerator.num_processes > 1:
-            errors = [message for message in gather_object(errors) if message]
+            outcomes = gather_object(outcomes)
+        errors = [message for message, _ in outcomes if message]
         if errors:
             if record is not None:
                 folder_lock.release(folder, record)
             if error is not None:
                 raise error
             raise folder_lock.FolderInUseError(errors[0])
-        self._held[folder] = record
+        return record, outcomes[0][1]
+
+    def _check_shared(self, folder: Path, token: str) -> None:
+        """Whether every process sees the lock that the main process took in ``folder`` (its
+        ``token``); decided once for the store (one collective). When the other machines' folders
+        are their own, states are saved on each machine from now on (accelerate's
+        ``save_on_each_node``), and each machine's main process prints one line saying so.
+
+        Raises:
+            ValueError: when some machines share the folder and others do not, or the processes of
+                one machine do not all see it.
+        """
+        accelerator = self._accelerator
+        holder = folder_lock.read(folder)
+        sees = holder is not None and holder.get("token") == token
+        rows = per_process(accelerator, [sees, accelerator.is_local_main_process])
+        nodes = list(itertools.accumulate(int(local) for _, local in rows))  # node of each rank, from 1
+        blind = [rank for rank, (saw, _) in enumerate(rows) if not saw]
+        unseen = sorted({nodes[rank] - 1 for rank in blind})
+        seen = sorted({node - 1 for node, (saw, _) in zip(nodes, rows, strict=True) if saw})
+        self._shared = not blind
+        if not blind:
+            return
+        if seen != [0] or 0 in unseen:
+            raise ValueError(
+                f"The folder {folder} is seen by some processes of this run and not by others: process "
+                f"{_listed(blind)} ({_nodes(unseen)}) cannot see what the main process writes there, though "
+                f"processes on {_nodes(seen)} can. Give every machine the same shared folder, or each machine "
+                f"a folder of its own that all its processes see (training states are then saved on each machine)."
+            )
+        accelerator.project_configuration.save_on_each_node = True
+        print_once_per_node(
+            accelerator,
+            f"Saving training states on each machine: {folder} is not shared ({_nodes(unseen)} of {nodes[-1]} "
+            f"cannot see what the main process writes there), so each machine keeps its own copy of every "
+            f"state in its own folder; resume each machine from its own folder (the same resume_from on each).",
+        )
 
     def release(self) -> None:
         """Release every folder held (on every exit path of a run)."""
@@ -154,9 +211,12 @@ class TrainingStateStore:
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
-        self.hold(output_dir.parent, objects.run_state.run_id)
-        state = _StateSave(layout, objects, output_dir, position, extra, weights)
         try:
+            self.hold(output_dir.parent, objects.run_state.run_id)
+            if self._shared is False:  # saved on each machine (found just now): synchronously, not sharded
+                asynchronous = asynchronous and self._synchronously_on_each_node(output_dir)
+                layout.check_can_save(objects, output_dir, asynchronous)
+            state = _StateSave(layout, objects, output_dir, position, extra, weights)
             self._start_background_write(state) if asynchronous else self._write(state)
         except KeyboardInterrupt:
             remove_temporary(output_dir)
@@ -164,6 +224,18 @@ class TrainingStateStore:
         finally:
             if not self._runs and self._background is None:  # a save outside a run: its own run
                 self.release()
+
+    def _synchronously_on_each_node(self, output_dir: Path) -> bool:
+        """False: a state saved on each machine because the machines share no folder is written
+        synchronously (its background publication would need a shared folder); said once."""
+        if not self._told_synchronous:
+            self._told_synchronous = True
+            print_once_per_node(
+                self._accelerator,
+                f"Saving {output_dir} and the later asynchronous training states synchronously: they are "
+                f"saved on each machine (see above), and a background save needs a folder every machine shares.",
+            )
+        return False
 
     def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
         """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
@@ -428,3 +500,12 @@ class _StateSave:
 
     def clean_up(self) -> None:
         remove_temporary(self.output_dir)
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
+
+
+def _nodes(nodes: list[int]) -> str:
+    """``node 1`` or ``nodes 1, 2``."""
+    return f"node{'s' if len(nodes) > 1 else ''} {_listed(nodes)}"

@@ -2,23 +2,26 @@
 --node_rank {0,1} --nproc_per_node 1``, each in its own working directory with its own
 ``checkpoints/`` folder (the worker is ``workers/several_machines.py``).
 
-- A training state saved the default way (by the main process only) cannot work there: it fails
-  on both nodes, node 1 saying that it cannot see the main process's directory and how to save on
-  each node; nothing is left behind.
-- With ``save_on_each_node``, each node's directory holds a whole state (less the other node's
-  RNG file), and a fresh Trainer on each node resumes from its own directory, mid-epoch, to the
-  very weights of the uninterrupted run.
+Two pairs of launches in the same directories: ``first``, then ``relaunch``.
+
+- The plain ``SaveTrainingStateCallback`` finds, when the run starts, that node 1 cannot see the
+  main process's folder, says so once per node, and saves a whole state on each node (its
+  asynchronous saves synchronously, said once; ``max_checkpoints`` rotating on each node); a state
+  saved by hand finds it at its first save. A folder both nodes see is saved once, with no line.
+- The relaunch (``resume_from="auto"`` in both phases) resumes each node from the same state in
+  its own folder, mid-epoch 2, and ends with the very weights of the uninterrupted run.
+- With ``save_on_each_node`` set by an override, each node's directory holds a whole state (less
+  the other node's RNG file), and a fresh Trainer on each node resumes from its own directory,
+  mid-epoch, to the very weights of the uninterrupted run; a state saved asynchronously is
+  refused on both, before anything is written (its background publication needs a shared folder).
 - ``save_checkpoint(save_per_node=True)`` writes the file on both nodes, ``False`` on node 0 only;
   the per-node file loads on each node.
-- The same in the background (``asynchronous=True``) fails at once the same way, rather than
-  waiting for node 1's files until the collective timeout.
-- A state saved asynchronously on each node is refused on both, before anything is written (its
-  background publication needs a shared folder).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,26 +34,29 @@ from tests.launch import WORKERS_DIR, launcher
 TIMEOUT_S = 120.0
 
 
-def launch_node(node_rank: int, port: int, node_dir: Path) -> subprocess.Popen[bytes]:
+def launch_node(
+    node_rank: int, port: int, node_dir: Path, phase: str, shared: Path
+) -> subprocess.Popen[bytes]:
     """Start one node's launcher, in ``node_dir`` (its own working directory and file system)."""
-    tmp_dir = node_dir / "tmp"
+    tmp_dir, out = node_dir / "tmp" / phase, node_dir / phase
     tmp_dir.mkdir(parents=True)
+    out.mkdir()
     command = [
         *launcher(1, nnodes=2, node_rank=node_rank, master_port=port),
-        str(WORKERS_DIR / "several_machines.py"), "--out", str(node_dir),
+        str(WORKERS_DIR / "several_machines.py"), "--out", str(out), "--phase", phase, "--shared", str(shared),
     ]  # fmt: skip
-    with open(node_dir / "output.txt", "w") as output:  # a file, so neither node blocks on a full pipe
+    with open(out / "output.txt", "w") as output:  # a file, so neither node blocks on a full pipe
         return subprocess.Popen(
             command, cwd=node_dir, env=subprocess_env(tmp_dir), stdout=output, stderr=subprocess.STDOUT
         )
 
 
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Each node's result (in node order), after both launches finished."""
-    root, port = tmp_path_factory.mktemp("several_machines"), free_port()
-    dirs = [root / f"node{rank}" for rank in (0, 1)]
-    launches = [launch_node(rank, port, node_dir) for rank, node_dir in enumerate(dirs)]
+def launch_both(root: Path, phase: str) -> list[dict[str, Any]]:
+    """Each node's result (in node order), after both launches of ``phase`` finished."""
+    port, dirs = free_port(), [root / f"node{rank}" for rank in (0, 1)]
+    launches = [
+        launch_node(rank, port, node_dir, phase, root / "shared") for rank, node_dir in enumerate(dirs)
+    ]
     for launch in launches:
         try:
             launch.wait(timeout=TIMEOUT_S)
@@ -62,47 +68,106 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
                 except subprocess.TimeoutExpired:
                     other.kill()
             pytest.fail(
-                f"The 2-node run did not finish within {TIMEOUT_S:.0f} s (a hang?); outputs in {root}."
+                f"The 2-node run ({phase}) did not finish within {TIMEOUT_S:.0f} s (a hang?); outputs in {root}."
             )
     results = []
     for rank, (launch, node_dir) in enumerate(zip(launches, dirs, strict=True)):
-        path, output = node_dir / f"rank{rank}.json", (node_dir / "output.txt").read_text()
+        path, output = node_dir / phase / f"rank{rank}.json", (node_dir / phase / "output.txt").read_text()
         finished = path.exists()
         ok = launch.returncode == 0 or finished_but_aborted_at_teardown(launch.returncode, output, finished)
         assert ok and finished, f"node {rank} failed (exit code {launch.returncode}):\n{output}"
         result = json.loads(path.read_text())
-        result["dir"] = node_dir / "checkpoints"
+        result.update(dir=node_dir / "checkpoints", output=output)
         results.append(result)
     return results
 
 
-def test_a_state_saved_by_the_main_process_only_fails_on_both_nodes_and_says_how_to_fix_it(
-    nodes: list[dict[str, Any]],
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Each phase's results per node: the first launch, then the relaunch in the same directories."""
+    root = tmp_path_factory.mktemp("several_machines").resolve()  # as the workers' getcwd()
+    first = launch_both(root, "first")
+    return {"first": first, "relaunch": launch_both(root, "relaunch")}
+
+
+NOTICE = "Saving training states on each machine: "
+
+
+def test_the_plain_callback_finds_the_folder_not_shared_and_saves_a_whole_state_on_each_node(
+    nodes: dict[str, list[dict[str, Any]]],
 ) -> None:
-    node0, node1 = (node["default_save_error"] for node in nodes)
-    assert "process 1 failed to write it" in node0
-    assert "process 1 cannot see the directory" in node1 and "save_on_each_node = True" in node1
-    for node in nodes:
-        assert not any("state-main-only" in name for name in node["files"])  # nothing left behind
-        assert not list(node["dir"].glob(".*"))  # no hidden temporary directory either
+    for rank, node in enumerate(nodes["first"]):
+        folder = node["dir"] / "states"
+        notices = [line for line in node["output"].splitlines() if line.startswith(NOTICE)]
+        assert notices[0] == (
+            f"{NOTICE}{folder} is not shared (node 1 of 2 cannot see what the main process writes there), so "
+            f"each machine keeps its own copy of every state in its own folder; resume each machine from its "
+            f"own folder (the same resume_from on each)."
+        )
+        assert len([line for line in notices if str(folder) in line]) == 1  # once per run
+        # asynchronous=True: written synchronously on each node, said once per node
+        assert node["output"].count("later asynchronous training states synchronously") == 2  # 2 trainers
+        # max_checkpoints=1 rotates on each node: step_3 deleted, step_6 (mid-epoch 2) kept
+        states = [name for name in node["files"] if name.startswith("states/") and "lock" not in name]
+        assert states == [f"states/step_6/{name}" for name in sorted([*SHARED, f"rng_state_{rank}.pt"])]
+        manifest = json.loads((folder / "step_6" / "manifest.json").read_text())
+        assert manifest["files"] == sorted([*SHARED[1:], f"rng_state_{rank}.pt"])  # what this node holds
+        assert (manifest["num_processes"], manifest["batch_index"]) == (2, 2)
+        assert not list(folder.glob(".*"))  # no hidden temporary directory, and the lock released
 
 
-def test_an_asynchronous_state_saved_by_the_main_process_only_fails_at_once_on_both_nodes(
-    nodes: list[dict[str, Any]],
+def test_a_state_saved_by_hand_finds_it_at_its_first_save_and_is_whole_on_each_node(
+    nodes: dict[str, list[dict[str, Any]]],
 ) -> None:
-    node0, node1 = (node["default_asynchronous_save_error"] for node in nodes)
-    assert "process 1 failed to write it" in node0
-    assert "process 1 cannot see the directory" in node1 and "save_on_each_node = True" in node1
-    for node in nodes:
-        assert not any("state-main-only-async" in name for name in node["files"])
-        assert not list(node["dir"].glob(".*"))
+    for rank, node in enumerate(nodes["first"]):
+        folder = node["dir"] / "by-hand"
+        assert f"{NOTICE}{folder} is not shared (node 1 of 2" in node["output"]
+        state = sorted(name.split("/", 2)[2] for name in node["files"] if name.startswith("by-hand/state/"))
+        assert state == sorted([*SHARED, f"rng_state_{rank}.pt"])
+        assert not list(folder.glob(".*"))
 
 
-def test_each_node_holds_a_whole_state_and_resumes_from_its_own_directory(
-    nodes: list[dict[str, Any]],
+def test_a_folder_that_both_nodes_see_is_saved_once_and_nothing_is_said(
+    nodes: dict[str, list[dict[str, Any]]],
 ) -> None:
-    shared = ["manifest.json", "model.pt", "optimizer.pt", "trainer_state.pt"]
-    for rank, node in enumerate(nodes):
+    for node in nodes["first"]:
+        shared_part = (
+            node["output"].split("-- the shared folder --")[1].split("-- the shared folder: done --")[0]
+        )
+        assert "each machine" not in shared_part and "synchronously" not in shared_part
+        # node 1 may list the folder before node 0 has released its lock there
+        assert [name for name in node["shared_files"] if name != ".run.lock"] == [
+            f"final/{name}" for name in sorted([*SHARED, "rng_state_0.pt", "rng_state_1.pt"])
+        ]
+
+
+def test_a_relaunch_resumes_each_node_from_its_own_folder_to_the_uninterrupted_weights(
+    nodes: dict[str, list[dict[str, Any]]],
+) -> None:
+    for rank, node in enumerate(nodes["relaunch"]):
+        assert node["equal_to_uninterrupted"], f"node {rank}"
+        assert (node["resumed_at_step"], node["final_step"]) == (6, 8)
+        assert [name for name in node["files"] if name.startswith("states/") and "lock" not in name] == [
+            f"states/step_6/{name}" for name in sorted([*SHARED, f"rng_state_{rank}.pt"])
+        ]
+        assert NOTICE in node["output"]  # the relaunch finds it again
+    started = 'resume_from="auto": no training state in checkpoints/states, starting a new run'
+    assert started in nodes["first"][0]["output"]  # said by the main process
+    resumed = (
+        r'resume_from="auto": resuming run \S+ from checkpoints/states/step_6, the newest usable state in '
+        r"checkpoints/states \(epoch 2, update 6; skipping 2 batches"
+    )
+    assert re.search(resumed, nodes["relaunch"][0]["output"])
+
+
+SHARED = ["manifest.json", "model.pt", "optimizer.pt", "trainer_state.pt"]
+
+
+def test_with_save_on_each_node_set_by_hand_each_node_holds_a_whole_state_and_resumes_from_it(
+    nodes: dict[str, list[dict[str, Any]]],
+) -> None:
+    shared = SHARED
+    for rank, node in enumerate(nodes["first"]):
         state = sorted(
             name.split("/", 1)[1] for name in node["files"] if name.startswith("state-mid-epoch-2/")
         )
@@ -113,16 +178,17 @@ def test_each_node_holds_a_whole_state_and_resumes_from_its_own_directory(
         assert node["resumed_equal"] and node["resumed_global_step"] == 8
 
 
-def test_save_per_node_writes_the_checkpoint_on_every_node(nodes: list[dict[str, Any]]) -> None:
-    assert "per-node.pt" in nodes[0]["files"] and "per-node.pt" in nodes[1]["files"]
-    assert "main-only.pt" in nodes[0]["files"] and "main-only.pt" not in nodes[1]["files"]
-    assert all(node["loaded_equal"] for node in nodes)
+def test_save_per_node_writes_the_checkpoint_on_every_node(nodes: dict[str, list[dict[str, Any]]]) -> None:
+    node0, node1 = nodes["first"]
+    assert "per-node.pt" in node0["files"] and "per-node.pt" in node1["files"]
+    assert "main-only.pt" in node0["files"] and "main-only.pt" not in node1["files"]
+    assert node0["loaded_equal"] and node1["loaded_equal"]
 
 
-def test_an_asynchronous_state_on_each_node_is_refused_on_every_node_before_anything_is_written(
-    nodes: list[dict[str, Any]],
+def test_an_asynchronous_state_with_save_on_each_node_set_by_hand_is_refused_before_anything_is_written(
+    nodes: dict[str, list[dict[str, Any]]],
 ) -> None:
-    for node in nodes:
+    for node in nodes["first"]:
         assert (
             "Cannot save checkpoints/state-async asynchronously with accelerate's save_on_each_node"
             in node["asynchronous_save_error"]

@@ -93,6 +93,22 @@ def test_a_run_stopped_by_sigterm_releases_the_folder(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
 
 
+def test_a_folder_held_by_this_very_run_says_so_and_why_it_can_happen(tmp_path: Path) -> None:
+    # What another machine of a run meets when the folder looked unshared at the run's start
+    # (see TrainingStateStore.hold) but is shared after all.
+    held = folder_lock.acquire(tmp_path, "run-a")
+    with pytest.raises(FolderInUseError) as raised:
+        folder_lock.acquire(tmp_path, "run-a")
+    assert str(raised.value).startswith(
+        f"{tmp_path} is held by this very run (run run-a, process {os.getpid()} on host "
+        f"{socket.gethostname()}, since {held['since']}; lock file {tmp_path / LOCK_NAME}): either the "
+        f"machines share this folder although one of them did not see it when the run started"
+    )
+    assert str(raised.value).endswith(
+        "Launch again once it has ended (the check runs again), or make the file system show new files at once."
+    )
+
+
 def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
     write_lock(
         tmp_path, host=socket.gethostname(), pid=GONE_PID, pid_namespace=os.readlink("/proc/self/ns/pid")

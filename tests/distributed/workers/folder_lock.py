@@ -5,12 +5,15 @@ process fails together when another run holds it, and the run id is the same on 
   of ``train()`` and how many updates it made.
 - ``free``: a run into ``OUT/free`` saving after every update; every rank records its run id and
   whether the lock existed during the run.
+- ``own``: each rank's folder is its own (``OUT/own-{RANK}``), on one machine: refused before
+  training on every rank (every process of a machine must see its folder).
 
 Each rank writes ``rank{RANK}.json``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -51,7 +54,8 @@ def run(folder: Any) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    write_result(args.out, {"held": run(args.out / "held"), "free": run(args.out / "free")})
+    result = {"held": run(args.out / "held"), "free": run(args.out / "free")}
+    write_result(args.out, {**result, "own": run(args.out / f"own-{os.environ['RANK']}")})
 
 
 if __name__ == "__main__":
