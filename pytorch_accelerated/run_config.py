@@ -243,6 +243,8 @@ class RunState:
             history, and by a resumed run (the id of the state it resumes). States record it.
         steps_before: optimizer updates of the run's earlier ``train()`` calls (those that kept
             the history): ``steps_before + progress.global_step`` counts the run's updates.
+        exit_code: set when the process is to exit with this code once the run has ended (a
+            stop signal under torchrun with restarts left): ``train()`` then raises ``SystemExit``.
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -257,6 +259,7 @@ class RunState:
     last_eval_loss: float = math.nan
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     steps_before: int = 0
+    exit_code: int | None = None
 
     def run_step(self, progress: RunProgress) -> int:
         """The run's optimizer updates so far, over its ``train()`` calls."""

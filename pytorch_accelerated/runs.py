@@ -55,6 +55,8 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
     set_up = functools.partial(set_up_training, trainer, arguments)
     run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
+    if trainer.run_state.exit_code is not None:  # a signal's stop under torchrun: see its line
+        raise SystemExit(trainer.run_state.exit_code)
 
 
 def evaluate(
