@@ -36,6 +36,7 @@ from .directories import (
     list_files,
     make_temporary_dir,
     publish,
+    remove_leftover_temporaries,
     remove_temporary,
     temporary_dir_for,
     write_files,
@@ -75,7 +76,8 @@ class TrainingStateStore:
 
     def hold(self, folder: str | os.PathLike, run_id: str) -> None:
         """Take the lock of ``folder`` for the run ``run_id`` (see :mod:`.folder_lock`), unless held
-        already; the process that writes the shared files takes it, and every process agrees.
+        already; the process that writes the shared files takes it (and removes the hidden
+        directories of killed saves there, saying so), and every process agrees.
 
         A folder that cannot be written (e.g. its parent is a file) gets no lock: the save there
         fails with its own error.
@@ -90,6 +92,10 @@ class TrainingStateStore:
         if writes_shared_files(self._accelerator):
             try:
                 record = folder_lock.acquire(folder, run_id)
+                if leftovers := remove_leftover_temporaries(folder):
+                    print(
+                        f"Removed the half-written states of killed saves in {folder}: {', '.join(leftovers)}"
+                    )
             except folder_lock.FolderInUseError as failure:
                 error = failure
             except OSError:  # a folder that cannot be written: no lock; the save says why

@@ -173,4 +173,11 @@ def test_relaunches_say_where_they_resumed_and_sigterm_exits_143_for_the_agent(
         "left), and the relaunch resumes from it"
     ) in run.output, describe("term", run, faults)
     assert "(exitcode: 143)" in run.output  # torchrun saw the failure, and restarted
+    for name, (run, _) in runs.items():  # an unshared store: no warning about the shared one
+        assert "torchrun will restart this job after a failure" not in run.output, name
     assert "injected failure at update" in runs["raise"][0].output
+    run, faults = runs["kill"]  # the relaunch after the kill inside a save took the folder and cleaned it
+    hidden = f".step_{faults[-1]['step']}.incomplete"
+    assert (
+        f"Removed the half-written states of killed saves in {run.out_dir / 'states'}: {hidden}" in run.output
+    )

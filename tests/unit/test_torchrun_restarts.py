@@ -1,7 +1,8 @@
 """A stop signal under torchrun's agent with restarts left: the run saves, runs its end hooks and
 then exits non-zero (128 + signum), so that the agent restarts it; without restarts left, or
-without an agent, ``train()`` returns as before. And the warning about a store shared with the
-agent. Real restarts: tests/distributed/test_torchrun_restarts.py."""
+without an agent, ``train()`` returns as before. The warning about a store shared with the
+agent, and the half-written states of killed saves, removed by the run that takes the folder
+next. Real restarts: tests/distributed/test_torchrun_restarts.py."""
 
 from __future__ import annotations
 
@@ -94,3 +95,19 @@ def test_warns_when_restarts_would_form_the_group_on_the_agents_store(
             warnings.simplefilter("error")
             warn_if_restarts_share_the_agent_store()  # no store shared / no restarts: nothing to say
         monkeypatch.setenv(name, agent[name])
+
+
+def test_the_run_that_takes_the_folder_removes_the_half_written_states_of_killed_saves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for leftover in (".step_50.incomplete", ".epoch_1.incomplete"):
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / "model.pt").write_bytes(b"half")
+    (tmp_path / ".cache").mkdir()  # not a save's: kept
+    trainer = make_trainer((SaveTrainingStateCallback(tmp_path),))
+    trainer.train(make_regression_data(8), num_epochs=1, per_device_batch_size=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".cache", "final"]
+    assert (
+        f"Removed the half-written states of killed saves in {tmp_path}: .epoch_1.incomplete, "
+        ".step_50.incomplete"
+    ) in capsys.readouterr().out
