@@ -157,15 +157,18 @@ def test_relaunch_leaves_complete_states_only_and_no_lock(
     assert all((states / state / "manifest.json").exists() for state in left)
 
 
-def test_relaunches_say_where_they_resumed_and_sigterm_exits_143_for_the_agent(
+def test_every_launch_says_what_it_resumed_and_sigterm_exits_143_for_the_agent(
     runs: dict[str, tuple[WorkerRun, list[dict[str, Any]]]],
 ) -> None:
     for name in ("kill", "term", "raise"):
         run, faults = runs[name]
+        states = run.out_dir / "states"
+        fresh = f'resume_from="auto": no training state in {states}, starting a new run'
+        assert fresh in run.output  # the first launch
         for attempt in attempts(run)[1:]:
             (update,) = attempt["resumed"]
-            if update:  # 0: killed before the first save, so the relaunch started afresh
-                assert f"Resumed from {run.out_dir / 'states' / f'step_{update}'}, the newest" in run.output
+            if update:  # 0: killed before the first save, so the relaunch started afresh too
+                assert f"from {states / f'step_{update}'}, the newest usable state in {states}" in run.output
     run, faults = runs["term"]
     assert "Training stopped: received SIGTERM; saved the training state to " in run.output
     assert (

@@ -5,7 +5,8 @@ a Python exception raised in a callback.
 The job: an MLP with dropout (each process draws its own masks) trained on a fixed synthetic
 data set, 2 processes x per-device batch 4, 80 updates per epoch, 3 epochs (240 updates), AdamW,
 ``SaveTrainingStateCallback(--save-dir, save_every_n_steps=SAVE_EVERY_N_STEPS)`` with its default
-SIGTERM handling. Every attempt resumes from the newest complete state in ``--save-dir``, if any.
+SIGTERM handling, and ``resume_from="auto"``: every attempt resumes from the newest complete state
+in ``--save-dir``, if any.
 
 ``--faults`` is a JSON list of ``{"attempt", "rank", "step", "kind"}``: on attempt
 ``TORCHELASTIC_RESTART_COUNT == attempt``, rank ``rank``, after ``step`` updates:
@@ -37,7 +38,6 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback, get_default_callbacks
 from pytorch_accelerated.checkpoints import directories
-from pytorch_accelerated.checkpoints.discovery import list_complete_states
 
 NUM_SAMPLES = 640
 PER_DEVICE_BATCH_SIZE = 4
@@ -47,11 +47,6 @@ SAVE_EVERY_N_STEPS = 8
 
 def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def resume_from(save_dir: Path) -> str | None:
-    """Stand-in for ``resume_from="auto"``: the folder when it holds a complete state, else None."""
-    return str(save_dir) if list_complete_states(save_dir) else None
 
 
 class Faults(TrainerCallback):
@@ -131,7 +126,7 @@ def main() -> None:
         RegressionDataset(NUM_SAMPLES, seed=1),
         num_epochs=NUM_EPOCHS,
         per_device_batch_size=PER_DEVICE_BATCH_SIZE,
-        resume_from=resume_from(save_dir),
+        resume_from="auto",
         seed=7,
     )
     torch.save(trainer.get_model().state_dict(), args.out / f"weights{rank()}.pt")
