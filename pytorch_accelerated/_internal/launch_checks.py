@@ -97,7 +97,7 @@ def warn_if_restarts_share_the_agent_store() -> None:
         "('Gloo connectFullMesh failed ... Connection refused', or NCCL's connection errors), using "
         "up the restarts. Launch with --rdzv-backend c10d --rdzv-endpoint HOST:PORT (or --standalone "
         "on one machine) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment.",
-        stacklevel=3,
+        stacklevel=4,  # the line that creates the Trainer
     )
 
 
