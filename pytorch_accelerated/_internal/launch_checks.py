@@ -67,16 +67,16 @@ class Launch:
         return address not in local and not address.startswith("127.")
 
 
+#: What torch's elastic agent sets in the environment of its workers: the restart count, the maximum.
+ENV_RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
 def torchrun_restarts_left() -> int:
     """How many more times torch's elastic agent (``torchrun --max-restarts N``) will restart this
     process's group if it fails (``TORCHELASTIC_MAX_RESTARTS - TORCHELASTIC_RESTART_COUNT``); 0
     without an agent."""
     count, most = (os.environ.get(name, "").strip() for name in ENV_RESTARTS)
     return max(int(most) - int(count), 0) if count.isdigit() and most.isdigit() else 0
-
-
-#: What torch's elastic agent sets in the environment of its workers: the restart count, the maximum.
-ENV_RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
 def warn_if_restarts_share_the_agent_store() -> None:
