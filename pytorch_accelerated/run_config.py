@@ -245,6 +245,8 @@ class RunState:
             the history): ``steps_before + progress.global_step`` counts the run's updates.
         asked_accumulation: the ``gradient_accumulation_steps`` given to ``train()`` (the run's
             own may differ: ``resume_from="auto"`` keeps a state's global batch); states record it.
+        exit_code: set when the process is to exit with this code once the run has ended (a
+            stop signal under torchrun with restarts left): ``train()`` then raises ``SystemExit``.
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -260,6 +262,7 @@ class RunState:
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     steps_before: int = 0
     asked_accumulation: int | None = None
+    exit_code: int | None = None
 
     def run_step(self, progress: RunProgress) -> int:
         """The run's optimizer updates so far, over its ``train()`` calls."""

@@ -64,6 +64,8 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
         body = functools.partial(_recording_failures, trainer, relaunch)
     set_up = functools.partial(set_up_training, trainer, arguments, relaunch)
     run_guarded(trainer, set_up, body, end="training_run_end", stopped="Training stopped")
+    if trainer.run_state.exit_code is not None:  # a signal's stop under torchrun: see its line
+        raise SystemExit(trainer.run_state.exit_code)
 
 
 def _recording_failures(trainer: Trainer, relaunch: AutoResume) -> None:

@@ -85,12 +85,13 @@ class RunningGroup:
         nproc: int,
         timeout_s: float,
         expect_success: bool,
+        torchrun_args: tuple[str, ...] = (),
     ) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = out_dir / "tmp"
         tmp_dir.mkdir(exist_ok=True)
         script_path = str(WORKERS_DIR / script)
-        command = [*launcher(nproc), script_path]
+        command = [*launcher(nproc), *torchrun_args, script_path]
         self.command = [*command, "--out", str(out_dir), *args]
         self.out_dir, self.nproc, self.timeout_s, self.expect_success = (
             out_dir,
@@ -154,14 +155,16 @@ def start_workers(
     nproc: int = 2,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     expect_success: bool = True,
+    torchrun_args: tuple[str, ...] = (),
 ) -> RunningGroup:
     """Start ``workers/<script>`` in ``nproc`` processes (torchrun), or as plain ``python`` if 1.
 
     The script is called as ``script --out OUT_DIR *args``. On a timeout the whole process
     group is killed and the test fails with the output seen so far. With ``expect_success``
-    the run must exit 0 and every rank must have written its result file.
+    the run must exit 0 and every rank must have written its result file. ``torchrun_args``
+    (e.g. ``("--max-restarts", "3")``) go to torchrun, before the script.
     """
-    return RunningGroup(script, out_dir, args, nproc, timeout_s, expect_success)
+    return RunningGroup(script, out_dir, args, nproc, timeout_s, expect_success, torchrun_args)
 
 
 def launch_workers(script: str, out_dir: Path, *args: str, **kwargs: Any) -> WorkerRun:

@@ -12,6 +12,7 @@ from .._internal.distributed import per_process
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.intervals import every
+from .._internal.launch_checks import torchrun_restarts_left
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
@@ -62,7 +63,9 @@ class SaveTrainingStateCallback(TrainerCallback):
             line names the signal and the directory, and the run ends cleanly through the
             normal end hooks, so the job can exit 0 and the next launch resumes (the state is
             ``step_{N}`` after an update or during an evaluation, ``epoch_{E}`` at an epoch end,
-            ``final`` after the last step; one saved there already is reused). With several
+            ``final`` after the last step; one saved there already is reused). Under torchrun
+            with restarts left, ``train()`` then raises ``SystemExit(128 + signum)``, so that
+            torchrun restarts the job (docs/checkpoints.md, "Restarts under torchrun"). With several
             processes, a process the signal finds stuck (in a collective whose peer died) exits
             after ``PT_ACC_SIGNAL_GRACE`` seconds (default 10). Pass ``()`` to leave signals
             alone. See docs/checkpoints.md, "Signals and preemption".
@@ -224,7 +227,14 @@ class SaveTrainingStateCallback(TrainerCallback):
         except NonFiniteStateError:
             trainer.print(f"Received {name}, but the training state was not saved (see below); stopping.")
             raise
-        raise StopTrainingError(f"received {name}; saved the training state to {directory}")
+        restart = ""
+        if left := torchrun_restarts_left():  # exit non-zero, or torchrun would take the job as done
+            trainer.run_state.exit_code = 128 + signum
+            restart = (
+                f"; exiting with code {128 + signum} after the end hooks so that torchrun restarts the "
+                f"job ({left} restart(s) left), and the relaunch resumes from it"
+            )
+        raise StopTrainingError(f"received {name}; saved the training state to {directory}{restart}")
 
     # ------------------------------------------------------------------ safe points
 

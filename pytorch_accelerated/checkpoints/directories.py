@@ -67,6 +67,15 @@ def make_temporary_dir(output_dir: Path) -> Path:
     return temporary
 
 
+def remove_leftover_temporaries(folder: Path) -> list[str]:
+    """Remove the hidden directories of saves into ``folder`` that were killed (call it only while
+    holding the folder's lock: no other run writes there); return their names."""
+    leftovers = sorted(folder.glob(".*.incomplete")) if folder.is_dir() else []
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+    return [leftover.name for leftover in leftovers]
+
+
 def remove_temporary(output_dir: Path) -> None:
     """Remove what a failed save of ``output_dir`` left behind (nothing if it left nothing)."""
     shutil.rmtree(temporary_dir_for(output_dir), ignore_errors=True)

@@ -37,6 +37,7 @@ from .directories import (
     list_files,
     make_temporary_dir,
     publish,
+    remove_leftover_temporaries,
     remove_temporary,
     temporary_dir_for,
     write_files,
@@ -78,7 +79,8 @@ class TrainingStateStore:
 
     def hold(self, folder: str | os.PathLike, run_id: str) -> None:
         """Take the lock of ``folder`` for the run ``run_id`` (see :mod:`.folder_lock`), unless held
-        already; the process that writes the shared files takes it, and every process agrees.
+        already; the process that writes the shared files takes it (and removes the hidden
+        directories of killed saves there, saying so), and every process agrees.
 
         The first folder held with several processes also tells whether the machines share it
         (:meth:`_check_shared`); when they do not, states are saved on each machine from then on.
@@ -110,6 +112,10 @@ class TrainingStateStore:
         if takes and accelerator.is_local_main_process:
             try:
                 record = folder_lock.acquire(folder, run_id)
+                if leftovers := remove_leftover_temporaries(folder):
+                    print(
+                        f"Removed the half-written states of killed saves in {folder}: {', '.join(leftovers)}"
+                    )
             except folder_lock.FolderInUseError as failure:
                 error = failure
             except OSError:  # a folder that cannot be written: no lock; the save says why
