@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import broadcast_object_list
@@ -29,7 +31,8 @@ from ._internal.validation import (
     check_train_arguments,
     check_whole_number,
 )
-from .callbacks import StopTrainingError
+from .callbacks import SaveTrainingStateCallback, StopTrainingError
+from .checkpoints.auto_resume import AUTO, AutoResume
 from .checkpoints.training_objects import TrainingObjects
 from .data import check_same_data_on_every_process, prepare_eval_dataloader
 from .run_config import RunProgress, RunState, TrainerRunConfig
@@ -53,7 +56,13 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     """What ``Trainer.train`` does with its ``arguments`` (by name): check them all, then set up
     and run ``trainer._run_training`` guarded (see :func:`run_guarded`)."""
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
-    set_up = functools.partial(set_up_training, trainer, arguments)
+    auto = arguments["resume_from"] == AUTO
+    if auto:  # decided now, by every process alike
+        arguments = {
+            **arguments,
+            "resume_from": AutoResume(trainer.accelerator, auto_resume_folder(trainer)).choose(),
+        }
+    set_up = functools.partial(set_up_training, trainer, arguments, auto)
     run_guarded(trainer, set_up, trainer._run_training, end="training_run_end", stopped="Training stopped")
 
 
@@ -97,8 +106,37 @@ def evaluate(
     return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
 
 
-def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
-    """Everything before a training run starts: loaders, preparation, run config, scheduler, resume."""
+def auto_resume_folder(trainer: Trainer) -> Path:
+    """The folder that ``resume_from="auto"`` resumes from: the ``save_dir`` of the Trainer's
+    :class:`SaveTrainingStateCallback` (or subclass).
+
+    Raises:
+        ValueError: when the Trainer has none, or several with different folders.
+    """
+    folders = {
+        Path(os.path.abspath(callback.save_dir)): callback.save_dir
+        for callback in trainer.callback_handler.callbacks
+        if isinstance(callback, SaveTrainingStateCallback)
+    }
+    if len(folders) == 1:
+        return next(iter(folders.values()))
+    if not folders:
+        raise ValueError(
+            f'resume_from="auto" resumes from the folder of the run\'s SaveTrainingStateCallback, but this '
+            f"Trainer has none (its callbacks: {', '.join(trainer.callback_handler.callback_list) or 'none'}). "
+            f'Add one, e.g. callbacks=(*DEFAULT_CALLBACKS, SaveTrainingStateCallback(save_dir="checkpoints", '
+            f"save_every_n_steps=100)), or pass resume_from a folder of states, or None."
+        )
+    raise ValueError(
+        f'resume_from="auto" needs one folder of training states, but the Trainer\'s SaveTrainingStateCallbacks '
+        f"save into {len(folders)}: {', '.join(str(folder) for folder in folders.values())}. Save into one "
+        f"folder, or pass resume_from the folder to resume from."
+    )
+
+
+def set_up_training(trainer: Trainer, arguments: dict[str, Any], auto: bool = False) -> None:
+    """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
+    (``auto``: the state was chosen by ``resume_from="auto"``)."""
     _start_run(trainer, arguments)
     check_same_data_on_every_process(
         trainer.accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
@@ -121,11 +159,11 @@ def set_up_training(trainer: Trainer, arguments: dict[str, Any]) -> None:
     trainer.scheduler = trainer.create_scheduler() if trainer.create_scheduler_fn is not None else None
     trainer.run_state.window = WindowWeighting(trainer.accelerator, config.train_per_device_batch_size)
     if arguments["resume_from"] is not None:
-        with trainer.state_store.resuming():  # through the overridable load_training_state
+        with trainer.state_store.resuming(auto):  # through the overridable load_training_state
             loaded = trainer.load_training_state(arguments["resume_from"])
         if trainer.run_state.pending_resume is None:  # an override that restored the state itself
             _start_at_returned_epoch(trainer, loaded)
-        check_something_left_to_train(trainer.progress, config, arguments["resume_from"])
+        check_something_left_to_train(trainer.progress, config, arguments["resume_from"], auto)
 
 
 def _start_at_returned_epoch(trainer: Trainer, loaded: Any) -> None:

@@ -156,6 +156,11 @@ class Trainer:
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates), evaluating after each epoch.
 
+        ``resume_from``: None (a new run), a training state or a folder of them (its newest complete
+        one), or ``"auto"``: the folder of the Trainer's ``SaveTrainingStateCallback`` when it holds a
+        state, else a new run, said in one line; the same script then serves every relaunch (see
+        docs/checkpoints.md, "One script for every launch").
+
         >>> import torch
         >>> from torch import nn
         >>> from torch.utils.data import TensorDataset

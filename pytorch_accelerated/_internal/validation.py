@@ -187,10 +187,11 @@ def check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes:
     )
 
 
-def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) -> None:
+def check_something_left_to_train(progress: Any, config: Any, resume_from: Any, auto: bool = False) -> None:
     """After a resume: warn and stop (a :class:`StopTrainingError`, which ends ``train()``
     before it starts) when the resumed state already reached ``num_epochs`` or
-    ``max_num_train_steps``, so that nothing would be trained."""
+    ``max_num_train_steps``, so that nothing would be trained (``auto``: the state was chosen by
+    ``resume_from="auto"``; the message says how to start a new run instead)."""
     limit = config.train_steps_limit
     if progress.epoch < config.num_epochs and (limit is None or progress.global_step < limit):
         return
@@ -203,6 +204,11 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any) 
         f"Nothing to train: the state resumed from {resume_from} already completed {count} {unit}"
         f"{'s' if count != 1 else ''} ({setting}={value}). Pass a larger {setting} to continue."
     )
+    if auto:  # a relaunch of a finished run: it ends here, and the states stay as they are
+        message += (
+            f' resume_from="auto" continues the run whose states are in {resume_from}; to start a new '
+            f"run, save into another (or an empty) folder."
+        )
     warnings.warn(message, stacklevel=5)  # the caller of train()
     raise StopTrainingError(message)
 

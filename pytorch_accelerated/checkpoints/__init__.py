@@ -12,6 +12,8 @@ Training states (directories that hold everything needed to resume a run):
   state saves and restores, handed over by the Trainer.
 - :mod:`.directories`: a state directory on disk: its files, the manifest, atomic publication.
 - :mod:`.discovery`: finding the state a path names, or the newest complete one in a folder.
+- :mod:`.auto_resume`: what ``resume_from="auto"`` decides, the same on every process: the state
+  to resume from in the run's folder, or a new run.
 - :mod:`.folder_lock`: one run per folder: the lock a run that writes states holds on their folder.
 - :mod:`.background`: a state written in a background thread, from a copy in host memory.
 - :mod:`.rng`: every random number generator of a process, captured and restored.

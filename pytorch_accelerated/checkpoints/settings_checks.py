@@ -191,19 +191,27 @@ def announce(directory: Path, notices: list[str]) -> None:
         warnings.warn(f"Resuming {directory}: " + "; ".join(notices) + ".", stacklevel=7)
 
 
-def resume_line(objects: TrainingObjects, directory: Path, asked: Path, state: dict[str, Any]) -> str:
+def resume_line(
+    objects: TrainingObjects, directory: Path, asked: Path, state: dict[str, Any], auto: bool = False
+) -> str:
     """The line a resume prints: the state (and, for a folder, that it was chosen there), the
-    epoch and update the run continues at, and what it skips."""
+    epoch and update the run continues at, and what it skips; ``auto``: chosen by
+    ``resume_from="auto"``, which the line says, naming the run continued."""
     progress = objects.progress
     epoch, update = objects.run_history.current_epoch, progress.global_step
     where = (
         f"{directory}, the newest usable state in {asked}" if directory.parent == asked else str(directory)
     )
+    resumed = (
+        f'resume_from="auto": resuming run {objects.run_state.run_id} from {where}'
+        if auto
+        else f"Resumed from {where}"
+    )
     if progress.batch_index == 0:
-        return f"Resumed from {where} (update {update}; training continues with epoch {epoch})"
+        return f"{resumed} (update {update}; training continues with epoch {epoch})"
     if state.get("epoch_trained"):
-        return f"Resumed from {where} (epoch {epoch}, update {update}; its training is done: its evaluation runs again)"
+        return f"{resumed} (epoch {epoch}, update {update}; its training is done: its evaluation runs again)"
     return (
-        f"Resumed from {where} (epoch {epoch}, update {update}; skipping {progress.batch_index} "
+        f"{resumed} (epoch {epoch}, update {update}; skipping {progress.batch_index} "
         f"batches already trained this epoch)"
     )

@@ -67,7 +67,7 @@ class TrainingStateStore:
         self._accelerator = accelerator
         self._background: tuple[BackgroundStateWrite, int] | None = None
         self._host_buffers: dict[tuple[int, str, int], Any] = {}
-        self._resuming = False
+        self._resuming: str | None = None  # inside resuming(): "path", or "auto"
         self._held: dict[Path, dict[str, Any] | None] = {}  # folder -> its lock's record (writing process)
         self._runs = 0  # runs under way (an evaluate() inside a training run is a second)
 
@@ -288,17 +288,18 @@ class TrainingStateStore:
     # ------------------------------------------------------------------ loading
 
     @contextlib.contextmanager
-    def resuming(self) -> Iterator[None]:
+    def resuming(self, auto: bool = False) -> Iterator[None]:
         """Inside this, :meth:`load` restores a state as ``train(resume_from=...)`` does: the run's
         settings are checked against the saved ones first (a state saved mid-epoch on other
         settings continues at the same sample of the epoch's order), and the callback and RNG
         states wait in ``run_state.pending_resume`` until the run's start events have fired
-        (:meth:`apply_pending_resume`)."""
-        self._resuming = True
+        (:meth:`apply_pending_resume`). ``auto``: the state was chosen by ``resume_from="auto"``
+        (its line says so, and names the run)."""
+        self._resuming = "auto" if auto else "path"
         try:
             yield
         finally:
-            self._resuming = False
+            self._resuming = None
 
     def load(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> dict[str, Any]:
         """What ``Trainer.load_training_state`` does: restore a state saved by ``save_training_state``; return ``{"current_epoch": E,
@@ -320,12 +321,14 @@ class TrainingStateStore:
         layout, directory, state = loaded.layout, loaded.directory, loaded.trainer_state
         settings_checks.check_optimizer(objects, directory, state, loaded.objects.get("optimizer.pt"))
         mapped = layout.map_position(loaded, objects) if self._resuming else None
-        layout.load(loaded, objects, self._resuming)
+        layout.load(loaded, objects, self._resuming is not None)
         resume.restore_position(objects, state, loaded.process_state)
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
             if objects.accelerator.is_main_process:
-                line = settings_checks.resume_line(objects, directory, Path(input_dir), state)
+                line = settings_checks.resume_line(
+                    objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
+                )
                 print_once_per_node(objects.accelerator, line)
         objects.run_state.pending_resume = {
             "callbacks": loaded.trainer_state["callbacks"],

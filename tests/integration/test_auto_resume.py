@@ -1,0 +1,226 @@
+"""``train(..., resume_from="auto")``: one script for the first launch and every relaunch.
+
+Real runs of one process: fresh, resumed, a damaged newest state, no or several save folders, a
+finished run, another run's states, and a process SIGKILLed and relaunched (a real subprocess,
+``tests/distributed/workers/auto_resume.py``). The 2-process decisions are in
+tests/distributed/test_auto_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.checkpoints.auto_resume import decide
+from pytorch_accelerated.checkpoints.directories import read_manifest
+from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from tests.helpers import make_regression_data, make_trainer, subprocess_env, weights
+from tests.launch import WORKERS_DIR, launcher
+
+DATA = make_regression_data(32)  # 4 updates per epoch in batches of 8
+TIMEOUT_S = 120
+
+
+class FailAt(TrainerCallback):
+    def __init__(self, update: int) -> None:
+        self.update = update
+
+    def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        if trainer.progress.global_step == self.update:
+            raise RuntimeError(f"injected failure at update {self.update}")
+
+
+def run(
+    folder: Path, num_epochs: int = 3, *extra: Any, save: Any = SaveTrainingStateCallback, **kwargs: Any
+) -> Any:
+    trainer = make_trainer([save(folder, save_every_n_steps=2), *extra], momentum=0.9)
+    trainer.train(DATA, num_epochs=num_epochs, per_device_batch_size=8, resume_from="auto", **kwargs)
+    return trainer
+
+
+def uninterrupted(num_epochs: int = 3) -> dict[str, torch.Tensor]:
+    trainer = make_trainer([], momentum=0.9)
+    trainer.train(DATA, num_epochs=num_epochs, per_device_batch_size=8)
+    return weights(trainer.get_model())
+
+
+def test_auto_without_states_starts_a_new_run_saying_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "checkpoints"
+    trainer = run(folder)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f'resume_from="auto": no training state in {folder}, starting a new run']
+    assert trainer.progress.global_step == 12
+    assert torch.equal(weights(trainer.get_model())["weight"], uninterrupted()["weight"])
+    assert (folder / "final").is_dir() and not (folder / LOCK_NAME).exists()
+
+
+def test_auto_after_a_failure_resumes_the_newest_state_naming_the_run_and_ends_bitwise_equal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(RuntimeError, match="injected failure at update 7"):
+        run(folder, 3, FailAt(7))
+    run_id = read_manifest(folder / "step_6")["run_id"]  # type: ignore[index]
+    capsys.readouterr()
+    trainer = run(folder)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f'resume_from="auto": resuming run {run_id} from {folder / "step_6"}, the newest usable state in '
+        f"{folder} (epoch 2, update 6; skipping 2 batches already trained this epoch)"
+    ]
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
+
+
+def test_auto_skips_a_damaged_newest_state_with_a_warning(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(RuntimeError):
+        run(folder, 3, FailAt(7))
+    model = folder / "step_6" / "model.pt"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=re.escape(f"Skipped the training state {folder / 'step_6'}: ")):
+        trainer = run(folder)
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
+
+
+def test_auto_without_a_save_callback_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    trainer = make_trainer([])
+    before = weights(trainer.get_model())
+    with pytest.raises(ValueError) as error:
+        trainer.train(DATA, num_epochs=1, resume_from="auto")
+    assert str(error.value) == (
+        'resume_from="auto" resumes from the folder of the run\'s SaveTrainingStateCallback, but this Trainer '
+        "has none (its callbacks: none). Add one, e.g. callbacks=(*DEFAULT_CALLBACKS, "
+        'SaveTrainingStateCallback(save_dir="checkpoints", save_every_n_steps=100)), or pass resume_from a '
+        "folder of states, or None."
+    )
+    assert trainer.progress.global_step == 0
+    assert all(torch.equal(value, before[name]) for name, value in weights(trainer.get_model()).items())
+
+
+def test_auto_with_two_save_folders_is_refused_naming_both(tmp_path: Path) -> None:
+    first, second = SaveTrainingStateCallback(tmp_path / "a"), SaveTrainingStateCallback(tmp_path / "b")
+    with pytest.raises(ValueError) as error:
+        make_trainer([first, second]).train(DATA, num_epochs=1, resume_from="auto")
+    assert str(error.value) == (
+        f'resume_from="auto" needs one folder of training states, but the Trainer\'s '
+        f"SaveTrainingStateCallbacks save into 2: {tmp_path / 'a'}, {tmp_path / 'b'}. Save into one folder, "
+        f"or pass resume_from the folder to resume from."
+    )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_auto_takes_a_subclass_of_the_save_callback(tmp_path: Path) -> None:
+    class MySave(SaveTrainingStateCallback):
+        pass
+
+    with pytest.raises(RuntimeError):
+        run(tmp_path / "states", 3, FailAt(3), save=MySave)
+    assert run(tmp_path / "states", save=MySave).progress.global_step == 12
+
+
+def test_auto_on_a_finished_run_trains_nothing_touches_no_state_and_says_how_to_start_anew(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "checkpoints"
+    finished = run(folder)
+    written = {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="Nothing to train"):
+        again = run(folder)
+    out = capsys.readouterr().out
+    assert (
+        f"Nothing to train: the state resumed from {folder} already completed 3 epochs (num_epochs=3). Pass a "
+        f'larger num_epochs to continue. resume_from="auto" continues the run whose states are in {folder}; '
+        f"to start a new run, save into another (or an empty) folder." in out
+    )
+    assert {path.name: path.stat().st_mtime_ns for path in folder.iterdir()} == written
+    assert again.progress.global_step == finished.progress.global_step == 12
+
+
+def test_auto_on_another_runs_states_names_that_run_and_refuses_another_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(RuntimeError):
+        run(folder, 3, FailAt(3))
+    other_run = read_manifest(folder / "step_2")["run_id"]  # type: ignore[index]
+    capsys.readouterr()
+    run(folder)  # the same model: continued, and the line names the run it continues
+    assert f"resuming run {other_run} from {folder / 'step_2'}" in capsys.readouterr().out
+    wider = make_trainer([SaveTrainingStateCallback(folder)], model=torch.nn.Linear(3, 2))
+    with pytest.raises(
+        ValueError, match=r"holds no usable training state .*does not fit this model \(Linear\)"
+    ):
+        wider.train(DATA, num_epochs=4, per_device_batch_size=8, resume_from="auto")
+    assert wider.progress.global_step == 0
+
+
+def test_auto_refuses_a_folder_of_only_original_states(tmp_path: Path) -> None:
+    original = tmp_path / "old" / "epoch_1"
+    original.mkdir(parents=True)
+    torch.save({"current_epoch": 1}, original / "trainer_metadata.pt")
+    torch.save({}, original / "model.bin")
+    with pytest.raises(ValueError, match=r'resume_from="auto" cannot choose a training state in .*0\.1\.x'):
+        run(tmp_path / "old")
+
+
+def node(rank: int, *states: str) -> dict[str, Any]:
+    return {"rank": rank, "states": list(states), "problem": None}
+
+
+def test_machines_that_see_different_states_resume_the_newest_they_all_have() -> None:
+    folder = Path("checkpoints")
+    assert decide(folder, [node(0, "step_6", "step_4"), node(2, "step_6", "step_4")]) == folder
+    assert decide(folder, [node(0), node(2)]) is None
+    assert decide(folder, [node(0, "step_6", "step_4"), node(2, "step_4", "step_2")]) == folder / "step_4"
+    with pytest.raises(ValueError) as error:
+        decide(folder, [node(0, "step_6", "step_4"), node(2)])
+    assert str(error.value) == (
+        'resume_from="auto" found training states in checkpoints on some machines but none that every '
+        "machine has (process 0's machine: step_6, step_4; process 2's machine: none). The machines would "
+        "continue from different positions, so the run cannot go on as it is. Copy the newest state into "
+        "the folder of the machines that lack it, or start a new run into an empty folder on every machine."
+    )
+
+
+def test_a_process_killed_by_sigkill_is_relaunched_by_the_same_command_past_its_lock(tmp_path: Path) -> None:
+    folder, command = tmp_path / "states", [*launcher(1), str(WORKERS_DIR / "auto_resume.py")]
+    results: list[Any] = []
+    for name, args in (
+        ("uninterrupted", ["--save-dir", str(tmp_path / "plain")]),
+        ("killed", ["--save-dir", str(folder), "--kill-at-update", "5"]),
+        ("relaunched", ["--save-dir", str(folder)]),
+    ):
+        out = tmp_path / name
+        out.mkdir()
+        done = subprocess.run(
+            [*command, "--out", str(out), *args],
+            env=subprocess_env(out),
+            cwd=out,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        results.append((done, json.loads((out / "rank0.json").read_text()) if name != "killed" else None))
+    (_, plain), (killed, _), (relaunched, resumed) = results
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
+    assert (
+        f"from {folder / 'step_4'}, the newest usable state in {folder} (epoch 1, update 4;"
+        in relaunched.stdout
+    )
+    assert resumed["weights"] == plain["weights"] and resumed["global_step"] == 36
+    assert not (folder / LOCK_NAME).exists()
+    shutil.rmtree(tmp_path / "plain")
