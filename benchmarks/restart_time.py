@@ -8,8 +8,9 @@ complete by then); torchrun notices, stops rank 0, starts both again, and they r
 state, mid-epoch. Every worker notes wall-clock times (``time.time()``, one machine) in a file:
 
 - ``start``: the first line of this script (interpreter start-up is before it);
-- ``load``: ``load_training_state`` entered and left (an override that calls ``super()``): finding
-  the newest complete state and loading it; the script's own check that one exists is added;
+- ``find``: ``resume_from="auto"`` choosing the newest complete state, at the start of ``train()``
+  (before the loaders and ``prepare``; timed by wrapping ``AutoResume.choose``);
+- ``load``: ``load_training_state`` entered and left (an override that calls ``super()``);
 - ``first batch``: ``on_train_step_start`` of the first step (the data position restored: the
   loader skipped to the saved batch and produced the next one);
 - ``first update``: ``on_train_step_end`` of the first optimizer update.
@@ -19,8 +20,8 @@ Each part is measured to the last process reaching its end (a collective waits f
 | part | from | to |
 |---|---|---|
 | torchrun's restart | the kill | the last new process's first line |
-| process start | that | the last process entering ``load_training_state`` (imports, Trainer, loaders, ``prepare``) |
-| state load | that | the last process leaving it (plus the script's existence check) |
+| process start | that | the last process entering ``load_training_state`` (imports, Trainer, loaders, ``prepare``), less ``find`` |
+| state load | that | the last process leaving it, plus ``find`` |
 | position restore | that | the last process's first batch ready |
 | first update | that | the last process's first update done |
 
@@ -79,6 +80,7 @@ def worker(argv: list[str]) -> None:
 
     from pytorch_accelerated import Trainer
     from pytorch_accelerated.callbacks import TrainerCallback
+    from pytorch_accelerated.checkpoints.auto_resume import AutoResume
 
     parser = job.parser()
     parser.add_argument("--times", type=Path, required=True)
@@ -114,9 +116,16 @@ def worker(argv: list[str]) -> None:
                 note("kill")
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    check_start = time.time()
-    job.resume_point(args.save_dir)
-    times["check s"] = time.time() - check_start
+    choose = AutoResume.choose  # resume_from="auto" finds the state before the set-up: time that too
+
+    def timed_choose(self: AutoResume) -> Any:
+        started = time.time()
+        try:
+            return choose(self)
+        finally:
+            times["find s"] = time.time() - started
+
+    AutoResume.choose = timed_choose  # type: ignore[method-assign]
     model = None
     if args.width is not None:
         torch.manual_seed(args.seed)
@@ -163,11 +172,11 @@ def run_case(batch_size: int, width: int | None, every: int, kill_at: int, work:
     ]
     parts = {name: ends[i + 1] - ends[i] for i, name in enumerate(PARTS)}
     parts.update(_agent_parts(output, kill, last("start")))
-    check_s = max(t["check s"] for t in after)  # the script's check that a state exists: a part of the load
-    parts["process start"] -= check_s
-    parts["state load"] += check_s
+    find_s = max(t["find s"] for t in after)  # resume_from="auto" choosing the state: a part of the load
+    parts["process start"] -= find_s
+    parts["state load"] += find_s
     state_files = [p for p in (work / "states").rglob("*") if p.is_file()]
-    resumed = [line for line in output.splitlines() if "Resumed from" in line]
+    resumed = [line for line in output.splitlines() if 'resume_from="auto": resuming' in line]
     return {
         "parts": parts,
         "library": parts["state load"] + parts["position restore"],

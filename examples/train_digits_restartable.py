@@ -2,7 +2,7 @@
 
 It saves a training state every ``--save-every-n-steps`` updates, at every epoch end and when it
 receives SIGTERM, and resumes from the newest complete state in ``--save-dir`` when there is one
-(else it starts fresh). So the same command serves torchrun's automatic restarts, a job that a
+(else it starts fresh: ``resume_from="auto"``). So the same command serves torchrun's automatic restarts, a job that a
 scheduler requeues, and a pod that Kubernetes restarts (see docs/recipes/clusters.md):
 
     torchrun --nproc_per_node 2 --max-restarts 3 examples/train_digits_restartable.py --save-dir states
@@ -26,12 +26,6 @@ from pytorch_accelerated.trainer import DEFAULT_CALLBACKS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_digits.py beside this file
 from train_digits import NUM_CLASSES, ClassificationMetricsCallback, DigitsModel, load_digit_splits  # noqa: E402
-
-
-def resume_point(save_dir: Path) -> Path | None:
-    """The folder to resume from: ``save_dir`` once it holds a complete state (a published state
-    has its manifest), else None (a fresh start)."""
-    return save_dir if any(save_dir.glob("*/manifest.json")) else None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,7 +77,7 @@ def run(
         num_epochs=args.epochs,
         per_device_batch_size=args.batch_size,
         seed=args.seed,
-        resume_from=resume_point(args.save_dir),
+        resume_from="auto",  # the newest state in the saver's folder, or a new run if there is none
     )
     if saver.signal_received is not None:  # stopped early: the state is saved, the relaunch goes on
         return trainer

@@ -102,7 +102,8 @@ def test_slurm_script_saves_on_sigterm_to_the_batch_shell_requeues_and_the_relau
     job.send_signal(signal.SIGTERM)  # --signal=B:TERM: to the batch shell only
     output = _finish(job)
     assert job.returncode == 1, f"torchrun exits 1 after a SIGTERM to its agent:\n{output}"
-    stopped = re.findall(r"Training stopped: received SIGTERM; saved the training state to (\S+)", output)
+    assert f'resume_from="auto": no training state in {states}, starting a new run' in output, output
+    stopped = re.findall(r"Training stopped: received SIGTERM; saved the training state to ([^;\s]+)", output)
     assert len(stopped) == 1, f"expected the stop line once (main process):\n{output}"
     assert Path(stopped[0]).parent == states and (Path(stopped[0]) / "manifest.json").exists()
     assert "FINAL" not in output, f"the run finished before the signal stopped it:\n{output}"
@@ -112,7 +113,8 @@ def test_slurm_script_saves_on_sigterm_to_the_batch_shell_requeues_and_the_relau
     job = _slurm_job(tmp_path, free_port())
     output = _finish(job)
     assert job.returncode == 0, output
-    assert f"Resumed from {stopped[0]}, the newest usable state in {states}" in output, output
+    assert f"from {stopped[0]}, the newest usable state in {states}" in output, output
+    assert 'resume_from="auto": resuming run ' in output, output
     assert f"FINAL global_step={UPDATES} " in output, output
     assert requeued.read_text() == "requeue 4242\n", "a job that ended by itself was requeued"
 
@@ -127,10 +129,7 @@ def test_torchrun_restart_after_a_sigkill_resumes_from_the_newest_state(tmp_path
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     states = tmp_path / "case0" / "states"
-    assert (
-        f"Resumed from {states / 'step_5'}, the newest usable state in {states} (epoch 1, update 5; "
-        in output
-    )
+    assert f"from {states / 'step_5'}, the newest usable state in {states} (epoch 1, update 5; " in output
     assert re.search(
         r"^\| digits, batch 32, early \(batch 5 of 20\) \| 0\.\d\d MB \|( [0-9.]+ s \|){5}", output, re.M
     )
