@@ -25,6 +25,7 @@ from typing import Any
 from accelerate.utils import gather_object
 
 from .._internal.errors import add_note
+from .._internal.hangs import is_collective_failure
 from .discovery import candidate_states
 from .original_states import is_original_state
 
@@ -96,8 +97,8 @@ class AutoResume:
         ``batch``, counted from 1, 1, 0) after starting at :attr:`origin`: record it in this
         process's file; when it is the same failure as the one recorded there before (the same
         exception type raised by the same line at the same update: no progress past it), count it,
-        mark it repeated and add a note to ``error`` saying so. Never raises: a failure to record
-        is a note on ``error``."""
+        mark it repeated and add a note to ``error`` saying so; a failed collective operation (a peer
+        lost) never repeats. Never raises: a failure to record is a note on ``error``."""
         path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
         frames = traceback.extract_tb(error.__traceback__)
         record = {
@@ -112,7 +113,12 @@ class AutoResume:
         }
         before = _read_record(path)
         same = ("exception", "raised_at", "update")
-        if before is not None and all(before.get(key) == record[key] for key in same):
+        # A lost peer (killed, preempted) is not this process's failure: it never counts as repeated.
+        if (
+            before is not None
+            and all(before.get(key) == record[key] for key in same)
+            and not is_collective_failure(error)
+        ):
             record.update(count=int(before.get("count", 1)) + 1, repeated=True)
             add_note(
                 error,

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
-from pytorch_accelerated.checkpoints.auto_resume import decide
+from pytorch_accelerated.checkpoints.auto_resume import AutoResume, decide
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
 from tests.helpers import make_regression_data, make_trainer, subprocess_env, weights
@@ -307,3 +307,31 @@ def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
 
     run(tmp_path / "checkpoints", 3, Stop())
     assert not list((tmp_path / "checkpoints").glob("failure_*"))
+
+
+def raised(message: str, own: bool = False) -> RuntimeError:
+    try:
+        if own:
+            raise RuntimeError(message)  # another line than a lost peer's
+        raise RuntimeError(message)
+    except RuntimeError as error:
+        return error
+
+
+def test_a_lost_peer_never_counts_as_the_same_failure_but_a_failure_of_its_own_does(tmp_path: Path) -> None:
+    relaunch = AutoResume(make_trainer().accelerator, tmp_path)
+    relaunch.check_not_repeating({"run_id": "r", "update": 4})
+    for _ in range(2):  # what a process sees when its peer was SIGKILLed in a collective
+        lost = raised("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        relaunch.record_failure(lost, {"update": 5, "epoch": 1, "batch": 5})
+    record = json.loads((tmp_path / "failure_rank0.json").read_text())
+    assert (record["count"], record["repeated"]) == (1, False) and not hasattr(lost, "__notes__")
+    for _ in range(2):
+        own = raised("CUDA error: an illegal memory access was encountered", own=True)
+        relaunch.record_failure(own, {"update": 5, "epoch": 1, "batch": 5})
+    record = json.loads((tmp_path / "failure_rank0.json").read_text())
+    assert (record["count"], record["repeated"], record["resumed_from"]) == (
+        2,
+        True,
+        {"run_id": "r", "update": 4},
+    )
