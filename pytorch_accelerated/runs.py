@@ -1,5 +1,5 @@
-"""How the Trainer's runs start and end, and its methods that only hand over to one of its parts:
-the one module besides the callbacks that takes the Trainer.
+"""How the Trainer's runs start and end; with :mod:`.trainer_methods`, the only modules besides
+the callbacks that take the Trainer.
 
 Before ``train()``, ``evaluate()`` or ``predict()`` runs, this sets up the data sets and seed, the
 loaders through the Trainer's overridable ``create_*_dataloader``, preparation through
@@ -8,10 +8,9 @@ scheduler through ``create_scheduler`` and a resume through ``load_training_stat
 of any of them runs. :func:`run_guarded` runs a set-up and a body with the end hooks, stops and
 failures handled; :func:`training_objects` hands the checkpoint layer the run's objects.
 
-The functions that take ``self`` are the Trainer's public methods and properties that only hand
-over to a part (``evaluate``, ``predict``, the set-up defaults, ``print``, ``gather``, the
-checkpoint methods, ...): each is bound in the Trainer's class body (``save_checkpoint =
-runs.save_checkpoint``), an ordinary method that a subclass overrides as any other, so that
+The functions that take ``self`` (``evaluate``, ``predict``, ``run_eval_epoch`` and the set-up
+defaults) are the Trainer's methods of those names: each is bound in its class body
+(``evaluate = runs.evaluate``), an ordinary method that a subclass overrides as any other, so that
 trainer.py holds the loop. Everything this module calls on the Trainer is public or an extension
 point that the docs name.
 """
@@ -20,18 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator, Mapping
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-import torch
 from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.utils.data import DataLoader
 
 from . import prediction
-from ._internal import distributed
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.validation import (
@@ -42,7 +37,6 @@ from ._internal.validation import (
     check_whole_number,
 )
 from .callbacks import StopTrainingError
-from .checkpoints import model_files
 from .checkpoints.training_objects import TrainingObjects
 from .data import batches_per_epoch, check_same_data_on_every_process, prepare_eval_dataloader
 from .placeholders import replace_trainer_placeholder_values
@@ -348,9 +342,9 @@ def training_objects(trainer: Trainer) -> TrainingObjects:
     )
 
 
-# ---------------------------------------------------------------------------- the Trainer's methods
-# that only hand over to one of its parts: bound in its class body (``save_checkpoint =
-# runs.save_checkpoint``), ordinary methods, overridable as any other. Set-up defaults first.
+# ---------------------------------------------------------------------------- the Trainer's set-up
+# defaults, which only hand over to a part: bound in its class body (``create_scheduler =
+# runs.create_scheduler``), ordinary methods, overridable as any other.
 
 
 def create_run_config(
@@ -405,129 +399,3 @@ def create_eval_dataloader(
     return self.loaders.make_eval_loader(
         self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
     )
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-def print(self: Trainer, *args: Any, **kwargs: Any) -> None:  # (shadows the built-in in this module)
-    """``print`` once per node (on each node's main process), above any open progress bar."""
-    distributed.print_once_per_node(self.accelerator, *args, **kwargs)
-
-
-def gather(self: Trainer, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
-    """Concatenate ``tensor`` from every process along dim 0 (see :func:`.distributed.gather`)."""
-    return distributed.gather(self.accelerator, tensor, padding_value)
-
-
-def gather_for_metrics(self: Trainer, data: Any) -> Any:
-    """Gather nested tensors from every process, each sample once (nothing from a padding batch,
-    not even a 0-d tensor)."""
-    return distributed.gather_ragged(self.accelerator, data, padding=self.loaders.eval_batch_is_padding)
-
-
-def any_process(self: Trainer, flag: bool | torch.Tensor) -> bool:
-    """True on every process if ``flag`` is true on any (every process must call this)."""
-    return bool(distributed.ranks_where(self.accelerator, flag))
-
-
-def get_model(self: Trainer, keep_torch_compile: bool = True) -> nn.Module:
-    """Return the model without its distributed wrappers."""
-    return self.accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
-
-
-running_loss = property(
-    attrgetter("run_state.train_loss.average"),
-    doc="The mean training loss of the epoch so far on this process (a device read: a sync point).",
-)
-eval_batch_is_padding = property(
-    attrgetter("loaders.eval_batch_is_padding"),
-    doc="True while an evaluation batch is a padding batch of zero rows (that evens out the processes' "
-    'batch counts; docs/inside-the-trainer.md, "Evaluation").',
-)
-train_dataloader = property(
-    attrgetter("loaders.train"),
-    lambda self, loader: setattr(self.loaders, "train", loader),
-    doc="The prepared training loader of the run (one set in ``on_train_epoch_start`` is used).",
-)
-eval_dataloader = property(
-    attrgetter("loaders.eval"),
-    lambda self, loader: setattr(self.loaders, "eval", loader),
-    doc="The prepared evaluation loader (one set in ``on_eval_epoch_start`` is used).",
-)
-
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(
-    self: Trainer,
-    save_path: str | os.PathLike,
-    checkpoint_kwargs: dict[str, Any] | None = None,
-    save_optimizer: bool = True,
-    save_scheduler: bool = True,
-    save_per_node: bool = True,
-    *,
-    model: nn.Module | None = None,
-) -> None:
-    """Save the model (and optimizer, scheduler) in one file (see :func:`.model_files.save_checkpoint`)."""
-    model_files.save_checkpoint(
-        training_objects(self),
-        save_path,
-        checkpoint_kwargs,
-        (save_optimizer, save_scheduler, save_per_node),
-        model,
-    )
-
-
-def load_checkpoint(
-    self: Trainer,
-    checkpoint_path: str | os.PathLike,
-    load_optimizer: bool = True,
-    load_scheduler: bool = True,
-    *,
-    model: nn.Module | None = None,
-) -> dict[str, Any]:
-    """Load a file written by :meth:`save_checkpoint` (see :func:`.model_files.load_checkpoint`)."""
-    return model_files.load_checkpoint(
-        training_objects(self), checkpoint_path, (load_optimizer, load_scheduler), model
-    )
-
-
-def save_training_state(
-    self: Trainer,
-    output_dir: str | os.PathLike,
-    checkpoint_kwargs: dict[str, Any] | None = None,
-    *,
-    asynchronous: bool = False,
-) -> None:
-    """Save all that decides the rest of the run in ``output_dir`` (see :meth:`.TrainingStateStore.save`).
-
-    >>> import tempfile, torch
-    >>> from pytorch_accelerated import Trainer
-    >>> from torch import nn
-    >>> from torch.utils.data import TensorDataset
-    >>> data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
-    >>> def new_trainer():
-    ...     model = nn.Linear(3, 1)
-    ...     return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    >>> trainer = new_trainer()
-    >>> trainer.train(data, num_epochs=1, per_device_batch_size=4)
-    >>> with tempfile.TemporaryDirectory() as folder:
-    ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
-    ...     resumed = new_trainer()
-    ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
-    Resumed from .../after-epoch-1, the newest usable state in ... (update 4; training continues with epoch 2)
-    >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
-    12
-    """
-    self.state_store.save(training_objects(self), output_dir, checkpoint_kwargs, asynchronous)
-
-
-def wait_for_training_state(self: Trainer) -> None:
-    """Wait for a state saved with ``asynchronous=True`` (see :meth:`.TrainingStateStore.wait`)."""
-    self.state_store.wait()
-
-
-def load_training_state(self: Trainer, input_dir: str | os.PathLike) -> dict[str, Any]:
-    """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
-    return self.state_store.load(training_objects(self), input_dir)

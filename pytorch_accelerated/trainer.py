@@ -2,8 +2,8 @@
 
 Methods without a prefix are meant to be overridden; each is followed by the callback event of the
 same name with ``on_`` in front (docs/inside-the-trainer.md, pinned by tests/unit/test_event_order.py).
-The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared); set-up, end
-of runs and the methods that only hand over to a part (bound in the class body): :mod:`.runs`.
+The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared). The methods
+that only hand over to a part are functions of :mod:`.runs` and :mod:`.trainer_methods`, bound here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
 
-from . import runs
+from . import runs, trainer_methods
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
@@ -156,8 +156,6 @@ class Trainer:
         runs.train(self, arguments)  # checked, set up, then run through _run_training
 
     evaluate = runs.evaluate
-
-    # ------------------------------------------------------------------ overridable: set-up (see the end)
 
     _create_run_config = runs.create_run_config
     create_scheduler = runs.create_scheduler
@@ -311,9 +309,8 @@ class Trainer:
         return True
 
     def _record_step_metrics(self) -> None:
-        """Measure the step metrics due now (a collective), record them in the run history,
-        then fire ``on_step_metrics``: before ``on_train_step_end``, so a state saved at this
-        step is published after its point was logged."""
+        """Measure the step metrics due now (a collective), record them, then fire ``on_step_metrics``
+        (before ``on_train_step_end``: a state saved at this step is published after its point is logged)."""
         step = self.progress.global_step
         loss, grad_norm = self.run_state.train_loss, self.last_grad_norm
         metrics = self.run_state.step_metrics.measure(self._accelerator, self.optimizer, loss, grad_norm)
@@ -380,12 +377,10 @@ class Trainer:
         self.model.train()
 
     def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
-        """Return ``{"loss", "model_outputs", "batch_size"}`` for a training batch.
-
-        The default unpacks ``x, y = batch[0], batch[1]``. ``loss`` must be the mean over the
-        batch; to weight batches by a count other than samples (e.g. tokens), also return
-        ``num_items_in_batch`` and make ``loss`` the mean over those items.
-        """
+        """Return ``{"loss", "model_outputs", "batch_size"}`` for a training batch (the default unpacks
+        ``x, y = batch[0], batch[1]``). ``loss`` must be the mean over the batch; to weight batches by a
+        count other than samples (e.g. tokens), also return ``num_items_in_batch`` and make ``loss``
+        the mean over those items."""
         inputs, targets = unpack_batch(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
         return {
@@ -476,23 +471,23 @@ class Trainer:
         """True on the main process of the whole job."""
         return self._accelerator.is_main_process
 
-    # Methods and properties that only hand over to a part: functions of runs, bound as methods.
-    print = runs.print
-    gather = runs.gather
-    gather_for_metrics = runs.gather_for_metrics
-    any_process = runs.any_process
-    get_model = runs.get_model
-    running_loss = runs.running_loss
-    eval_batch_is_padding = runs.eval_batch_is_padding
-    train_dataloader = runs.train_dataloader
-    eval_dataloader = runs.eval_dataloader
+    # Methods and properties that only hand over to a part: functions of trainer_methods (and runs)
+    print = trainer_methods.print
+    gather = trainer_methods.gather
+    gather_for_metrics = trainer_methods.gather_for_metrics
+    any_process = trainer_methods.any_process
+    get_model = trainer_methods.get_model
+    running_loss = trainer_methods.running_loss
+    eval_batch_is_padding = trainer_methods.eval_batch_is_padding
+    train_dataloader = trainer_methods.train_dataloader
+    eval_dataloader = trainer_methods.eval_dataloader
     predict = runs.predict
     run_eval_epoch = runs.run_eval_epoch
-    save_checkpoint = runs.save_checkpoint
-    load_checkpoint = runs.load_checkpoint
-    save_training_state = runs.save_training_state
-    wait_for_training_state = runs.wait_for_training_state
-    load_training_state = runs.load_training_state
+    save_checkpoint = trainer_methods.save_checkpoint
+    load_checkpoint = trainer_methods.load_checkpoint
+    save_training_state = trainer_methods.save_training_state
+    wait_for_training_state = trainer_methods.wait_for_training_state
+    load_training_state = trainer_methods.load_training_state
 
 
 from .timm_schedulers import TrainerWithTimmScheduler  # noqa: E402 (a subclass of the Trainer above)
