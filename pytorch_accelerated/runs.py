@@ -1,12 +1,18 @@
-"""How the Trainer's runs start and end: the one module besides the callbacks that takes the Trainer.
+"""How the Trainer's runs start and end; with :mod:`.trainer_methods`, the only modules besides
+the callbacks that take the Trainer.
 
 Before ``train()``, ``evaluate()`` or ``predict()`` runs, this sets up the data sets and seed, the
 loaders through the Trainer's overridable ``create_*_dataloader``, preparation through
 ``_prepare_model_optimizer_and_dataloaders``, the run config through ``_create_run_config``, the
 scheduler through ``create_scheduler`` and a resume through ``load_training_state``, so an override
 of any of them runs. :func:`run_guarded` runs a set-up and a body with the end hooks, stops and
-failures handled; :func:`training_objects` hands the checkpoint layer the run's objects. Everything
-it calls on the Trainer is public or an extension point that the docs name.
+failures handled; :func:`training_objects` hands the checkpoint layer the run's objects.
+
+The functions that take ``self`` (``evaluate``, ``predict``, ``run_eval_epoch`` and the set-up
+defaults) are the Trainer's methods of those names: each is bound in its class body
+(``evaluate = runs.evaluate``), an ordinary method that a subclass overrides as any other, so that
+trainer.py holds the loop. Everything this module calls on the Trainer is public or an extension
+point that the docs name.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import broadcast_object_list
 from torch import nn
+from torch.utils.data import DataLoader
 
 from . import prediction
 from ._internal.accumulation import WindowWeighting
@@ -35,7 +42,8 @@ from .callbacks import SaveTrainingStateCallback, StopTrainingError
 from .checkpoints.auto_resume import AUTO, AutoResume
 from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.training_objects import TrainingObjects
-from .data import check_same_data_on_every_process, prepare_eval_dataloader
+from .data import batches_per_epoch, check_same_data_on_every_process, prepare_eval_dataloader
+from .placeholders import replace_trainer_placeholder_values
 from .run_config import RunProgress, RunState, TrainerRunConfig
 
 if TYPE_CHECKING:
@@ -84,41 +92,52 @@ def _recording_failures(trainer: Trainer, relaunch: AutoResume) -> None:
 
 
 def evaluate(
-    trainer: Trainer,
-    dataset: Any,
-    batch_size: int,
-    dataloader_kwargs: dict[str, Any] | None,
-    collate_fn: Any,
-    seed: int | None,
+    self: Trainer,
+    dataset: Any = None,
+    per_device_batch_size: int = 8,
+    dataloader_kwargs: dict[str, Any] | None = None,
+    collate_fn: Callable[..., Any] | None = None,
+    *,
+    seed: int | None = 42,
 ) -> dict[str, Any]:
-    """What ``Trainer.evaluate`` does: check its arguments, set up and run the evaluation guarded,
-    and return every metric it recorded."""
-    dataset = dataset if dataset is not None else trainer.eval_dataset
+    """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``); return its metrics.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> from pytorch_accelerated import Trainer
+    >>> data = TensorDataset(torch.randn(10, 3), torch.zeros(10, 1))
+    >>> model = nn.Linear(3, 1)
+    >>> _ = nn.init.zeros_(model.weight), nn.init.ones_(model.bias)  # predicts 1 everywhere
+    >>> Trainer(model, nn.MSELoss(), optimizer=None, callbacks=()).evaluate(data)
+    {'evaluation_loss': 1.0}
+    """
+    dataset = dataset if dataset is not None else self.eval_dataset
     if dataset is None:
         raise ValueError(
             "evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset."
         )
-    check_evaluate_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, seed)
-    history = trainer.run_history
+    check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
+    history = self.run_history
     before = history.metric_counts()
 
     def set_up() -> None:  # everything before the evaluation runs: the data set, its loader, preparation
-        check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
-        trainer.eval_dataset = dataset
+        check_same_data_on_every_process(self.accelerator, {"dataset": dataset})
+        self.eval_dataset = dataset
         if collate_fn is not None:
-            trainer.collate_fn = collate_fn
-        trainer.loaders.set_seed(seed)
-        trainer.loaders.eval = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
-        _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
-        trainer._prepare_model_optimizer_and_dataloaders()
-        check_epoch_has_batches(trainer.loaders.eval, dataset, "dataset", trainer.accelerator.num_processes)
+            self.collate_fn = collate_fn
+        self.loaders.set_seed(seed)
+        self.loaders.eval = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+        _set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
+        self._prepare_model_optimizer_and_dataloaders()
+        check_epoch_has_batches(self.loaders.eval, dataset, "dataset", self.accelerator.num_processes)
 
     def body() -> None:
-        trainer.evaluation_run_start()
-        trainer.callback_handler.call_event("on_evaluation_run_start", trainer)
-        trainer._run_eval_epoch(trainer.loaders.eval, is_evaluation_run=True)
+        self.evaluation_run_start()
+        self.callback_handler.call_event("on_evaluation_run_start", self)
+        self._run_eval_epoch(self.loaders.eval, is_evaluation_run=True)
 
-    run_guarded(trainer, set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
+    run_guarded(self, set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
     counts = history.metric_counts()
     return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
 
@@ -249,42 +268,47 @@ def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: d
 
 
 def predict(
-    trainer: Trainer,
+    self: Trainer,
     dataset: Any,
-    batch_size: int,
-    dataloader_kwargs: dict[str, Any] | None,
-    collate_fn: Any,
-    padding_value: float,
+    per_device_batch_size: int = 8,
+    dataloader_kwargs: dict[str, Any] | None = None,
+    collate_fn: Any = None,
+    *,
+    padding_value: float = 0,
 ) -> Any:
-    """What ``Trainer.predict`` does: check its arguments, then run
-    :func:`~pytorch_accelerated.prediction.predict` over a loader from the overridable
+    """The model's outputs for every sample of ``dataset``, in order (see :func:`.prediction.predict`).
+
+    Runs :func:`~pytorch_accelerated.prediction.predict` over a loader from the overridable
     ``create_eval_dataloader``, prepared along with the model; the run's ``eval_dataset``,
-    ``collate_fn`` and recorded loader arguments are put back afterwards."""
-    prediction.check_predict_arguments(dataset, batch_size, dataloader_kwargs, collate_fn, padding_value)
-    check_same_data_on_every_process(trainer.accelerator, {"dataset": dataset})
-    loaders = trainer.loaders
-    saved = trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs
-    trainer.eval_dataset = dataset
-    trainer.collate_fn = collate_fn if collate_fn is not None else trainer.collate_fn
+    ``collate_fn`` and recorded loader arguments are put back afterwards.
+    """
+    prediction.check_predict_arguments(
+        dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
+    )
+    check_same_data_on_every_process(self.accelerator, {"dataset": dataset})
+    loaders = self.loaders
+    saved = self.eval_dataset, self.collate_fn, loaders.merged_kwargs
+    self.eval_dataset = dataset
+    self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
     try:
-        loader = trainer.create_eval_dataloader(batch_size, dataloader_kwargs)
-        _set_evaluation_run_config(trainer, batch_size, dataloader_kwargs)
+        loader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+        _set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
     finally:
-        trainer.eval_dataset, trainer.collate_fn, loaders.merged_kwargs = saved
+        self.eval_dataset, self.collate_fn, loaders.merged_kwargs = saved
     prediction.check_predict_loader(loader)
-    trainer._prepare_model_optimizer_and_dataloaders()
-    loader = prepare_eval_dataloader(trainer.accelerator, loader)
+    self._prepare_model_optimizer_and_dataloaders()
+    loader = prepare_eval_dataloader(self.accelerator, loader)
     batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
 
     def step(batch: Any) -> Any:
         try:
-            return trainer.calculate_predict_batch_outputs(batch)
+            return self.calculate_predict_batch_outputs(batch)
         except Exception as error:
             loaders.explain_padding_failure(error)
             raise
 
     return prediction.predict(
-        trainer.accelerator, trainer.model, loader, batches, step, padding, len(dataset), padding_value
+        self.accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
     )
 
 
@@ -339,10 +363,15 @@ def run_end_event(trainer: Trainer, name: str) -> None:
 
 
 def run_eval_epoch(
-    trainer: Trainer, dataloader: Any, model: nn.Module | None, is_intermediate: bool, metric_name_prefix: str
+    self: Trainer,
+    dataloader: Any = None,
+    *,
+    model: nn.Module | None = None,
+    is_intermediate: bool = True,
+    metric_name_prefix: str = "",
 ) -> float:
-    """What ``Trainer.run_eval_epoch`` does: run an extra evaluation epoch during training, for
-    callbacks; return its mean loss.
+    """Run an extra evaluation epoch during training, for callbacks (on ``model``, e.g. an EMA
+    copy; with its metrics' names prefixed); return its mean loss.
 
     Args:
         dataloader: what to evaluate on (default: the run's evaluation loader).
@@ -354,20 +383,20 @@ def run_eval_epoch(
     The model's train/eval mode, ``trainer.model`` and the history's prefix are restored
     afterwards, so training continues exactly as before. Every process must call this.
     """
-    dataloader = dataloader if dataloader is not None else trainer.loaders.eval
+    dataloader = dataloader if dataloader is not None else self.loaders.eval
     if dataloader is None:
         raise ValueError("run_eval_epoch() needs a dataloader: this run has no eval_dataset.")
-    original_model, original_loader = trainer.model, trainer.loaders.eval
-    previous_prefix = trainer.run_history.metric_name_prefix
+    original_model, original_loader = self.model, self.loaders.eval
+    previous_prefix = self.run_history.metric_name_prefix
     was_training = original_model.training
-    trainer.model, trainer.loaders.eval = model if model is not None else original_model, dataloader
-    trainer.run_history.set_metric_name_prefix(metric_name_prefix)
+    self.model, self.loaders.eval = model if model is not None else original_model, dataloader
+    self.run_history.set_metric_name_prefix(metric_name_prefix)
     try:
-        trainer._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
-        return trainer.run_state.last_eval_loss
+        self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
+        return self.run_state.last_eval_loss
     finally:
-        trainer.model, trainer.loaders.eval = original_model, original_loader
-        trainer.run_history.set_metric_name_prefix(previous_prefix)
+        self.model, self.loaders.eval = original_model, original_loader
+        self.run_history.set_metric_name_prefix(previous_prefix)
         original_model.train(was_training)
 
 
@@ -385,4 +414,63 @@ def training_objects(trainer: Trainer) -> TrainingObjects:
         trainer.run_config,
         trainer.loaders.train,
         trainer.train_dataset,
+    )
+
+
+# ---------------------------------------------------------------------------- the Trainer's set-up
+# defaults, which only hand over to a part: bound in its class body (``create_scheduler =
+# runs.create_scheduler``), ordinary methods, overridable as any other.
+
+
+def create_run_config(
+    self: Trainer,
+    per_device_batch_size: int,
+    num_epochs: int,
+    gradient_accumulation_steps: int,
+    max_num_train_steps: int | None,
+    gradient_clip_value: float | None,
+    train_dl_kwargs: dict[str, Any] | None = None,
+    eval_dl_kwargs: dict[str, Any] | None = None,
+    max_grad_norm: float | None = None,
+) -> TrainerRunConfig:
+    """Return the frozen :class:`TrainerRunConfig` for this run."""
+    settings = {name: value for name, value in locals().items() if name != "self"}
+    return TrainerRunConfig.for_run(
+        self.accelerator,
+        num_batches_per_epoch=batches_per_epoch(self.loaders.train),
+        seed=self.loaders.seed,
+        **settings,
+    )
+
+
+def create_scheduler(self: Trainer) -> Any:
+    """Return the scheduler made by ``create_scheduler_fn`` with placeholders resolved."""
+    return replace_trainer_placeholder_values(self, self.create_scheduler_fn)(self.optimizer)
+
+
+def get_default_train_dl_kwargs(self: Trainer, batch_size: int) -> dict[str, Any]:
+    """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
+    return self.loaders.default_kwargs(self.train_dataset, batch_size, shuffle=True)
+
+
+def get_default_eval_dl_kwargs(self: Trainer, batch_size: int) -> dict[str, Any]:
+    """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
+    return self.loaders.default_kwargs(self.eval_dataset, batch_size, shuffle=False)
+
+
+def create_train_dataloader(
+    self: Trainer, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None
+) -> DataLoader:
+    """Return the training ``DataLoader`` (before it is prepared for distribution)."""
+    kwargs = self.loaders.merge("train", self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+    return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs, self.run_state)
+
+
+def create_eval_dataloader(
+    self: Trainer, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
+) -> DataLoader:
+    """Return the evaluation ``DataLoader``: each process gets its share of the samples, each once."""
+    kwargs = self.loaders.merge("eval", self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+    return self.loaders.make_eval_loader(
+        self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
     )

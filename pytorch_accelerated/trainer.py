@@ -2,8 +2,8 @@
 
 Methods without a prefix are meant to be overridden; each is followed by the callback event of the
 same name with ``on_`` in front (docs/inside-the-trainer.md, pinned by tests/unit/test_event_order.py).
-The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared); set-up and
-end of runs: :mod:`pytorch_accelerated.runs`.
+The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared). The methods
+that only hand over to a part are functions of :mod:`.runs` and :mod:`.trainer_methods`, bound here.
 """
 
 from __future__ import annotations
@@ -16,19 +16,12 @@ from typing import Any
 import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
-from torch.utils.data import DataLoader
 
-from . import runs
+from . import runs, trainer_methods
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
-from ._internal.distributed import (
-    gather,
-    gather_ragged,
-    mean_over_processes,
-    print_once_per_node,
-    ranks_where,
-)
+from ._internal.distributed import mean_over_processes
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
 from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
@@ -45,7 +38,6 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     TrainerCallback,
 )
 from .callbacks.limits import limit_batches_callback_from_env
-from .checkpoints import model_files
 from .checkpoints.store import TrainingStateStore
 from .data import batches_per_epoch, check_stream_gave_batches, prepare_eval_dataloader
 from .loaders import RunLoaders
@@ -55,22 +47,14 @@ from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
 
-__all__ = [
-    "Trainer",
-    "TrainerPlaceholderValues",
-    "DEFAULT_CALLBACKS",
-    "TrainerWithTimmScheduler",
-    "replace_trainer_placeholder_values",
-    # 0.1.61 also exported these from this module:
-    "MoveModulesToDeviceCallback",
-    "TerminateOnNaNCallback",
-    "PrintProgressCallback",
-    "ProgressBarCallback",
-    "LogMetricsCallback",
-    "LimitBatchesCallback",
-    "remove_padding",
-    "worker_init_fn",
+# fmt: off
+__all__ = [  # the last eight: 0.1.61 also exported them from this module
+    "Trainer", "TrainerPlaceholderValues", "DEFAULT_CALLBACKS", "TrainerWithTimmScheduler",
+    "replace_trainer_placeholder_values", "MoveModulesToDeviceCallback", "TerminateOnNaNCallback",
+    "PrintProgressCallback", "ProgressBarCallback", "LogMetricsCallback", "LimitBatchesCallback",
+    "remove_padding", "worker_init_fn",
 ]
+# fmt: on
 
 
 class Trainer:
@@ -177,84 +161,21 @@ class Trainer:
         arguments = {name: value for name, value in locals().items() if name != "self"}
         runs.train(self, arguments)  # checked, set up, then run through _run_training
 
-    def evaluate(
-        self,
-        dataset: Any = None,
-        per_device_batch_size: int = 8,
-        dataloader_kwargs: dict[str, Any] | None = None,
-        collate_fn: Callable[..., Any] | None = None,
-        *,
-        seed: int | None = 42,
-    ) -> dict[str, Any]:
-        """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``); return its metrics.
+    evaluate = runs.evaluate
 
-        >>> import torch
-        >>> from torch import nn
-        >>> from torch.utils.data import TensorDataset
-        >>> data = TensorDataset(torch.randn(10, 3), torch.zeros(10, 1))
-        >>> model = nn.Linear(3, 1)
-        >>> _ = nn.init.zeros_(model.weight), nn.init.ones_(model.bias)  # predicts 1 everywhere
-        >>> Trainer(model, nn.MSELoss(), optimizer=None, callbacks=()).evaluate(data)
-        {'evaluation_loss': 1.0}
-        """
-        return runs.evaluate(self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
-
-    def _create_run_config(
-        self,
-        per_device_batch_size: int,
-        num_epochs: int,
-        gradient_accumulation_steps: int,
-        max_num_train_steps: int | None,
-        gradient_clip_value: float | None,
-        train_dl_kwargs: dict[str, Any] | None = None,
-        eval_dl_kwargs: dict[str, Any] | None = None,
-        max_grad_norm: float | None = None,
-    ) -> TrainerRunConfig:
-        """Return the frozen :class:`TrainerRunConfig` for this run."""
-        settings = {name: value for name, value in locals().items() if name != "self"}
-        batches = batches_per_epoch(self.loaders.train)
-        return TrainerRunConfig.for_run(
-            self._accelerator, num_batches_per_epoch=batches, seed=self.loaders.seed, **settings
-        )
-
-    def create_scheduler(self) -> Any:
-        """Return the scheduler made by ``create_scheduler_fn`` with placeholders resolved."""
-        scheduler_fn = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
-        return scheduler_fn(self.optimizer)
-
-    # ------------------------------------------------------------------ overridable: set-up
-
-    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
-        """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
-        return self.loaders.default_kwargs(self.train_dataset, batch_size, shuffle=True)
-
-    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
-        """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
-        return self.loaders.default_kwargs(self.eval_dataset, batch_size, shuffle=False)
-
-    def create_train_dataloader(
-        self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None
-    ) -> DataLoader:
-        """Return the training ``DataLoader`` (before it is prepared for distribution)."""
-        kwargs = self.loaders.merge("train", self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
-        return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs, self.run_state)
-
-    def create_eval_dataloader(
-        self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
-    ) -> DataLoader:
-        """Return the evaluation ``DataLoader``: each process gets its share of the samples, each once."""
-        kwargs = self.loaders.merge("eval", self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
-        return self.loaders.make_eval_loader(
-            self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
-        )
+    _create_run_config = runs.create_run_config
+    create_scheduler = runs.create_scheduler
+    get_default_train_dl_kwargs = runs.get_default_train_dl_kwargs
+    get_default_eval_dl_kwargs = runs.get_default_eval_dl_kwargs
+    create_train_dataloader = runs.create_train_dataloader
+    create_eval_dataloader = runs.create_eval_dataloader
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
         """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
-        loaders = self.loaders
-        self.model, self.optimizer, loaders.train = self._preparation.prepare(
-            self.model, self.optimizer, loaders.train
+        self.model, self.optimizer, self.loaders.train = self._preparation.prepare(
+            self.model, self.optimizer, self.loaders.train
         )
-        loaders.eval = prepare_eval_dataloader(self._accelerator, loaders.eval)
+        self.loaders.eval = prepare_eval_dataloader(self._accelerator, self.loaders.eval)
 
     # ------------------------------------------------------------------ the loop
 
@@ -324,7 +245,10 @@ class Trainer:
             if is_update_step and config.train_steps_limit is not None and self._reached_max_steps():
                 break
         check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
-        self._record_mean_loss(self.run_state.train_loss, "train_loss_epoch")
+        loss = self.run_state.train_loss
+        self.run_history.update_metric(
+            "train_loss_epoch", mean_over_processes(self._accelerator, loss.running_total, loss.count)
+        )
         self._run_method_then_event("train_epoch_end")
 
     def _start_train_epoch(self, train_dl: Any) -> Any:
@@ -371,11 +295,8 @@ class Trainer:
         return batch_output, weight
 
     def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
-        """The update at the end of an accumulation window: clip, step, schedule, zero, count.
-
-        Returns False, counting nothing, when the update was skipped (fp16's gradient scaler
-        found inf/NaN gradients): the parameters did not change (docs/recipes/precision.md).
-        """
+        """The update ending an accumulation window: clip, step, schedule, zero, count. False, counting
+        nothing, when fp16's gradient scaler skipped it (inf/NaN gradients; docs/recipes/precision.md)."""
         window = self.run_state.window
         assert window is not None  # set by train()
         window.correct_gradients(self.model, window_weight, window_size)
@@ -394,9 +315,8 @@ class Trainer:
         return True
 
     def _record_step_metrics(self) -> None:
-        """Measure the step metrics due now (a collective), record them in the run history,
-        then fire ``on_step_metrics``: before ``on_train_step_end``, so a state saved at this
-        step is published after its point was logged."""
+        """Measure the step metrics due now (a collective), record them, then fire ``on_step_metrics``
+        (before ``on_train_step_end``: a state saved at this step is published after its point is logged)."""
         step = self.progress.global_step
         loss, grad_norm = self.run_state.train_loss, self.last_grad_norm
         metrics = self.run_state.step_metrics.measure(self._accelerator, self.optimizer, loss, grad_norm)
@@ -439,26 +359,9 @@ class Trainer:
             eval_loss.update(batch_output["loss"], batch_output["batch_size"])
         self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
 
-    def run_eval_epoch(
-        self,
-        dataloader: Any = None,
-        *,
-        model: nn.Module | None = None,
-        is_intermediate: bool = True,
-        metric_name_prefix: str = "",
-    ) -> float:
-        """Run an extra evaluation epoch during training, for callbacks (on ``model``, e.g. an EMA
-        copy; with its metrics' names prefixed); return its mean loss. See :func:`.runs.run_eval_epoch`."""
-        return runs.run_eval_epoch(self, dataloader, model, is_intermediate, metric_name_prefix)
-
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.train_steps_limit if self.run_config else None
         return limit is not None and self.progress.global_step >= limit
-
-    def _record_mean_loss(self, tracker: LossTracker, metric_name: str) -> None:
-        self.run_history.update_metric(
-            metric_name, mean_over_processes(self._accelerator, tracker.running_total, tracker.count)
-        )
 
     def training_run_start(self) -> None:
         """Called at the start of :meth:`train`, before ``on_training_run_start``."""
@@ -480,16 +383,14 @@ class Trainer:
         self.model.train()
 
     def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
-        """Return ``{"loss", "model_outputs", "batch_size"}`` for a training batch.
-
-        The default unpacks ``x, y = batch[0], batch[1]``. ``loss`` must be the mean over the
-        batch; to weight batches by a count other than samples (e.g. tokens), also return
-        ``num_items_in_batch`` and make ``loss`` the mean over those items.
-        """
+        """Return ``{"loss", "model_outputs", "batch_size"}`` for a training batch (the default unpacks
+        ``x, y = batch[0], batch[1]``). ``loss`` must be the mean over the batch; to weight batches by a
+        count other than samples (e.g. tokens), also return ``num_items_in_batch`` and make ``loss``
+        the mean over those items."""
         inputs, targets = unpack_batch(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
         return {
-            "loss": self._loss(model_outputs, targets, "calculate_train_batch_loss"),
+            "loss": loss_of(self.loss_func, model_outputs, targets, "calculate_train_batch_loss"),
             "model_outputs": model_outputs,
             "batch_size": batch_size_of(inputs),
         }
@@ -539,34 +440,22 @@ class Trainer:
         """Return ``{"loss", "model_outputs", "batch_size"}`` for an evaluation batch (for a batch
         of zero rows, a padding batch, the loss is 0 and ``loss_func`` is not called)."""
         inputs, targets = unpack_batch(batch, "calculate_eval_batch_loss")
-        model_outputs = self.model(inputs)
-        batch_size = batch_size_of(inputs)
-        return {
-            "loss": self._loss(model_outputs, targets, "calculate_eval_batch_loss")
+        model_outputs, batch_size = self.model(inputs), batch_size_of(inputs)
+        loss = (
+            loss_of(self.loss_func, model_outputs, targets, "calculate_eval_batch_loss")
             if batch_size
-            else torch.zeros((), device=self.device),
-            "model_outputs": model_outputs,
-            "batch_size": batch_size,
-        }
+            else torch.zeros((), device=self.device)
+        )
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": batch_size}
 
     def eval_epoch_end(self) -> None:
         """Called after each evaluation epoch, once the evaluation loss is recorded."""
 
-    def _loss(self, model_outputs: Any, targets: Any, method: str) -> torch.Tensor:
-        if self.loss_func is None:
-            raise ValueError(
-                f"The default {method} needs a loss function, but the Trainer was created with "
-                f"loss_func=None. Pass one, e.g. Trainer(model, nn.CrossEntropyLoss(), optimizer), "
-                f"or override {method}."
-            )
-        return loss_of(self.loss_func, model_outputs, targets)
+    def calculate_predict_batch_outputs(self, batch: Any) -> Any:
+        """Return the model's outputs for one batch of :meth:`predict` (one row per sample along dim 0)."""
+        return model_outputs(self.model, batch)
 
-    # ------------------------------------------------------------------ utilities
-
-    @property
-    def running_loss(self) -> float:
-        """The mean training loss of the epoch so far on this process (a device read: a sync point)."""
-        return self.run_state.train_loss.average
+    # ------------------------------------------------------------------ utilities, prediction, checkpoints
 
     @property
     def accelerator(self) -> Accelerator:
@@ -588,133 +477,23 @@ class Trainer:
         """True on the main process of the whole job."""
         return self._accelerator.is_main_process
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per node (on each node's main process), above any open progress bar."""
-        print_once_per_node(self._accelerator, *args, **kwargs)
-
-    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
-        """Concatenate ``tensor`` from every process along dim 0 (see :func:`.distributed.gather`)."""
-        return gather(self._accelerator, tensor, padding_value)
-
-    def gather_for_metrics(self, data: Any) -> Any:
-        """Gather nested tensors from every process, each sample once (nothing from a padding batch,
-        not even a 0-d tensor)."""
-        return gather_ragged(self._accelerator, data, padding=self.loaders.eval_batch_is_padding)
-
-    @property
-    def eval_batch_is_padding(self) -> bool:
-        """True while an evaluation batch is a padding batch of zero rows (that evens out the
-        processes' batch counts; docs/inside-the-trainer.md, "Evaluation")."""
-        return self.loaders.eval_batch_is_padding
-
-    def any_process(self, flag: bool | torch.Tensor) -> bool:
-        """True on every process if ``flag`` is true on any (every process must call this)."""
-        return bool(ranks_where(self._accelerator, flag))
-
-    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
-        """Return the model without its distributed wrappers."""
-        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
-
-    @property
-    def train_dataloader(self) -> Any:
-        """The prepared training loader of the run (a replacement set in ``on_train_epoch_start`` is used)."""
-        return self.loaders.train
-
-    @train_dataloader.setter
-    def train_dataloader(self, dataloader: Any) -> None:
-        self.loaders.train = dataloader
-
-    @property
-    def eval_dataloader(self) -> Any:
-        """The prepared evaluation loader (a replacement set in ``on_eval_epoch_start`` is used)."""
-        return self.loaders.eval
-
-    @eval_dataloader.setter
-    def eval_dataloader(self, dataloader: Any) -> None:
-        self.loaders.eval = dataloader
-
-    # ------------------------------------------------------------------ prediction and checkpoints
-
-    def predict(
-        self,
-        dataset: Any,
-        per_device_batch_size: int = 8,
-        dataloader_kwargs: dict[str, Any] | None = None,
-        collate_fn: Any = None,
-        *,
-        padding_value: float = 0,
-    ) -> Any:
-        """The model's outputs for every sample of ``dataset``, in order (see :func:`.prediction.predict`)."""
-        return runs.predict(
-            self, dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
-        )
-
-    def calculate_predict_batch_outputs(self, batch: Any) -> Any:
-        """Return the model's outputs for one batch of :meth:`predict` (one row per sample along dim 0)."""
-        return model_outputs(self.model, batch)
-
-    def save_checkpoint(
-        self,
-        save_path: str | os.PathLike,
-        checkpoint_kwargs: dict[str, Any] | None = None,
-        save_optimizer: bool = True,
-        save_scheduler: bool = True,
-        save_per_node: bool = True,
-        *,
-        model: nn.Module | None = None,
-    ) -> None:
-        """Save the model (and optimizer, scheduler) in one file (see :func:`.model_files.save_checkpoint`)."""
-        options = (save_optimizer, save_scheduler, save_per_node)
-        model_files.save_checkpoint(runs.training_objects(self), save_path, checkpoint_kwargs, options, model)
-
-    def load_checkpoint(
-        self,
-        checkpoint_path: str | os.PathLike,
-        load_optimizer: bool = True,
-        load_scheduler: bool = True,
-        *,
-        model: nn.Module | None = None,
-    ) -> dict[str, Any]:
-        """Load a file written by :meth:`save_checkpoint` (see :func:`.model_files.load_checkpoint`)."""
-        options = (load_optimizer, load_scheduler)
-        return model_files.load_checkpoint(runs.training_objects(self), checkpoint_path, options, model)
-
-    def save_training_state(
-        self,
-        output_dir: str | os.PathLike,
-        checkpoint_kwargs: dict[str, Any] | None = None,
-        *,
-        asynchronous: bool = False,
-    ) -> None:
-        """Save all that decides the rest of the run in ``output_dir`` (see :meth:`.TrainingStateStore.save`).
-
-        >>> import tempfile, torch
-        >>> from pytorch_accelerated import Trainer
-        >>> from torch import nn
-        >>> from torch.utils.data import TensorDataset
-        >>> data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
-        >>> def new_trainer():
-        ...     model = nn.Linear(3, 1)
-        ...     return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-        >>> trainer = new_trainer()
-        >>> trainer.train(data, num_epochs=1, per_device_batch_size=4)
-        >>> with tempfile.TemporaryDirectory() as folder:
-        ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
-        ...     resumed = new_trainer()
-        ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
-        Resumed from .../after-epoch-1, the newest usable state in ... (update 4; training continues with epoch 2)
-        >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
-        12
-        """
-        self.state_store.save(runs.training_objects(self), output_dir, checkpoint_kwargs, asynchronous)
-
-    def wait_for_training_state(self) -> None:
-        """Wait for a state saved with ``asynchronous=True`` (see :meth:`.TrainingStateStore.wait`)."""
-        self.state_store.wait()
-
-    def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
-        return self.state_store.load(runs.training_objects(self), input_dir)
+    # Methods and properties that only hand over to a part: functions of trainer_methods (and runs)
+    print = trainer_methods.print
+    gather = trainer_methods.gather
+    gather_for_metrics = trainer_methods.gather_for_metrics
+    any_process = trainer_methods.any_process
+    get_model = trainer_methods.get_model
+    running_loss = trainer_methods.running_loss
+    eval_batch_is_padding = trainer_methods.eval_batch_is_padding
+    train_dataloader = trainer_methods.train_dataloader
+    eval_dataloader = trainer_methods.eval_dataloader
+    predict = runs.predict
+    run_eval_epoch = runs.run_eval_epoch
+    save_checkpoint = trainer_methods.save_checkpoint
+    load_checkpoint = trainer_methods.load_checkpoint
+    save_training_state = trainer_methods.save_training_state
+    wait_for_training_state = trainer_methods.wait_for_training_state
+    load_training_state = trainer_methods.load_training_state
 
 
 from .timm_schedulers import TrainerWithTimmScheduler  # noqa: E402 (a subclass of the Trainer above)

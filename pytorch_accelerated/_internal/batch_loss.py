@@ -34,9 +34,16 @@ def batch_size_of(inputs: Any) -> int:
     return len(inputs)
 
 
-def loss_of(loss_func: Any, model_outputs: Any, targets: Any) -> Any:
-    """``loss_func(model_outputs, targets)``; when it fails on outputs that are not a tensor (a
-    tuple, a ``ModelOutput``), the error says so and how to fix it (chained to the original)."""
+def loss_of(loss_func: Any, model_outputs: Any, targets: Any, method: str) -> Any:
+    """``loss_func(model_outputs, targets)`` for the Trainer's default ``method``; when it fails on
+    outputs that are not a tensor (a tuple, a ``ModelOutput``), the error says so and how to fix it
+    (chained to the original)."""
+    if loss_func is None:
+        raise ValueError(
+            f"The default {method} needs a loss function, but the Trainer was created with "
+            f"loss_func=None. Pass one, e.g. Trainer(model, nn.CrossEntropyLoss(), optimizer), "
+            f"or override {method}."
+        )
     try:
         return loss_func(model_outputs, targets)
     except (TypeError, AttributeError) as error:
