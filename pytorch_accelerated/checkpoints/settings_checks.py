@@ -176,6 +176,10 @@ def _settings(group: dict[str, Any]) -> dict[str, Any]:
     """A parameter group's settings; the learning rate as set by the user (before a scheduler)."""
     settings = {key: value for key, value in group.items() if key not in SCHEDULE_KEYS}
     settings["lr"] = group.get("initial_lr", group.get("lr"))
+    if "max_momentum" in group:  # OneCycleLR/CyclicLR cycle the momentum (Adam's first beta): compare
+        settings.pop("momentum", None)  # their bounds, max_momentum and base_momentum, instead
+        if "betas" in settings:
+            settings["betas"] = tuple(settings["betas"])[1:]
     return settings
 
 

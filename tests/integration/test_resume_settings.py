@@ -210,6 +210,41 @@ def test_the_same_settings_resume_without_a_notice(states: dict[str, Path]) -> N
     assert not [w for w in caught if str(w.message).startswith("Resuming")]
 
 
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, torch.optim.Adam])
+def test_a_momentum_that_the_scheduler_cycles_is_not_announced_as_a_changed_setting(
+    tmp_path: Path, optimizer_class: type[torch.optim.Optimizer]
+) -> None:
+    """OneCycleLR cycles SGD's momentum (Adam's first beta): a state saved mid-cycle holds another
+    momentum than a new run's optimizer, which is the schedule, not a change of settings. A changed
+    setting of the schedule itself (its ``max_momentum``) is still announced."""
+
+    def run(state: Path | None, max_momentum: float = 0.95) -> list[str]:
+        model = make_linear_model()
+        kwargs: dict[str, Any] = {"momentum": 0.9} if optimizer_class is torch.optim.SGD else {}
+        trainer = make_trainer(
+            (SaveTrainingStateCallback(str(tmp_path / "states"), save_every_n_steps=4),),
+            model=model,
+            optimizer=optimizer_class(model.parameters(), lr=0.01, **kwargs),
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train(
+                make_regression_data(NUM_SAMPLES),
+                num_epochs=1,
+                per_device_batch_size=BATCH,
+                resume_from=state,
+                create_scheduler_fn=lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(
+                    optimizer, max_lr=0.05, total_steps=13, max_momentum=max_momentum
+                ),
+            )
+        return [str(w.message) for w in caught if str(w.message).startswith("Resuming")]
+
+    assert run(None) == []
+    assert run(tmp_path / "states" / "step_8") == []
+    (notice,) = run(tmp_path / "states" / "step_8", max_momentum=0.99)
+    assert "max_momentum 0.95, not this run's 0.99" in notice
+
+
 # ---------------------------------------------------------------------------- the resume line
 
 
