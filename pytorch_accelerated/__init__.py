@@ -4,12 +4,11 @@ The house, read top-down (each layer imports only the layers below it)::
 
     trainer             Trainer: train / evaluate and the loop, one method per ML step; it holds
                         its parts: loaders, state_store (checkpoints/store), the preparation record
-    runs                what happens before and around a run (set-up through the Trainer's
-                        overridable methods, stops and failures); evaluate, predict and the
-                        set-up defaults, bound in the Trainer's class body
-    trainer_methods     the Trainer's utility, data-loader and checkpoint methods that only hand
-                        over to a part (print, gather, save_checkpoint, ...), bound in its class
-                        body; with runs, the adapters that take the Trainer, besides the callbacks
+    runs                the one adapter that takes the Trainer, besides the callbacks: what
+                        happens before and around a run (set-up through the Trainer's
+                        overridable methods, stops and failures), and the Trainer's members that
+                        only hand over to a part (evaluate, predict, the set-up defaults, print,
+                        gather, save_checkpoint, running_loss, ...), bound in its class body
     timm_schedulers     TrainerWithTimmScheduler (re-exported by trainer, as in 0.1.61)
     loaders             RunLoaders: the run's data loaders, what they were made with, the seed
     prediction          what predict does: outputs of every sample, in data-set order, exactly

@@ -1,5 +1,5 @@
-"""How the Trainer's runs start and end; with :mod:`.trainer_methods`, the only modules besides
-the callbacks that take the Trainer.
+"""The one module besides the callbacks that takes the Trainer: how its runs start and end, and
+its methods that only hand over to one of its parts.
 
 Before ``train()``, ``evaluate()`` or ``predict()`` runs, this sets up the data sets and seed, the
 loaders through the Trainer's overridable ``create_*_dataloader``, preparation through
@@ -8,11 +8,12 @@ scheduler through ``create_scheduler`` and a resume through ``load_training_stat
 of any of them runs. :func:`run_guarded` runs a set-up and a body with the end hooks, stops and
 failures handled; :func:`training_objects` hands the checkpoint layer the run's objects.
 
-The functions that take ``self`` (``evaluate``, ``predict``, ``run_eval_epoch`` and the set-up
-defaults) are the Trainer's methods of those names: each is bound in its class body
-(``evaluate = runs.evaluate``), an ordinary method that a subclass overrides as any other, so that
-trainer.py holds the loop. Everything this module calls on the Trainer is public or an extension
-point that the docs name.
+The functions that take ``self`` (``evaluate``, ``predict``, ``run_eval_epoch``, the set-up
+defaults, ``print``, ``gather``, ``get_model``, the checkpoint methods, ...) and the properties
+(``running_loss``, ``train_dataloader``, ...) are the Trainer's members of those names: each is
+bound in its class body (``evaluate = runs.evaluate``), an ordinary method that a subclass
+overrides as any other, so that trainer.py holds the loop. Everything this module calls on the
+Trainer is public or an extension point that the docs name.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+import torch
 from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.utils.data import DataLoader
 
 from . import prediction
+from ._internal import distributed
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.validation import (
@@ -38,7 +41,9 @@ from ._internal.validation import (
     check_train_arguments,
     check_whole_number,
 )
-from .callbacks import SaveTrainingStateCallback, StopTrainingError
+from .callbacks import StopTrainingError
+from .callbacks.training_state import auto_resume_folder
+from .checkpoints import model_files
 from .checkpoints.auto_resume import AUTO, AutoResume
 from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.training_objects import TrainingObjects
@@ -49,6 +54,8 @@ from .run_config import RunProgress, RunState, TrainerRunConfig
 if TYPE_CHECKING:
     from .trainer import Trainer
 
+
+T = TypeVar("T")
 
 #: The arguments of ``train()`` that the run config records.
 RUN_SETTINGS = (
@@ -67,7 +74,7 @@ def train(trainer: Trainer, arguments: dict[str, Any]) -> None:
     check_train_arguments(trainer.accelerator, trainer.model, trainer.optimizer, arguments)
     relaunch, body = None, trainer._run_training
     if arguments["resume_from"] == AUTO:  # decided now, by every process alike
-        relaunch = AutoResume(trainer.accelerator, auto_resume_folder(trainer))
+        relaunch = AutoResume(trainer.accelerator, auto_resume_folder(trainer.callback_handler))
         arguments = {**arguments, "resume_from": relaunch.choose()}
         body = functools.partial(_recording_failures, trainer, relaunch)
     set_up = functools.partial(set_up_training, trainer, arguments, relaunch)
@@ -140,34 +147,6 @@ def evaluate(
     run_guarded(self, set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
     counts = history.metric_counts()
     return {name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)}
-
-
-def auto_resume_folder(trainer: Trainer) -> Path:
-    """The folder that ``resume_from="auto"`` resumes from: the ``save_dir`` of the Trainer's
-    :class:`SaveTrainingStateCallback` (or subclass).
-
-    Raises:
-        ValueError: when the Trainer has none, or several with different folders.
-    """
-    folders = {
-        Path(os.path.abspath(callback.save_dir)): callback.save_dir
-        for callback in trainer.callback_handler.callbacks
-        if isinstance(callback, SaveTrainingStateCallback)
-    }
-    if len(folders) == 1:
-        return next(iter(folders.values()))
-    if not folders:
-        raise ValueError(
-            f'resume_from="auto" resumes from the folder of the run\'s SaveTrainingStateCallback, but this '
-            f"Trainer has none (its callbacks: {', '.join(trainer.callback_handler.callback_list) or 'none'}). "
-            f'Add one, e.g. callbacks=(*DEFAULT_CALLBACKS, SaveTrainingStateCallback(save_dir="checkpoints", '
-            f"save_every_n_steps=100)), or pass resume_from a folder of states, or None."
-        )
-    raise ValueError(
-        f'resume_from="auto" needs one folder of training states, but the Trainer\'s SaveTrainingStateCallbacks '
-        f"save into {len(folders)}: {', '.join(str(folder) for folder in folders.values())}. Save into one "
-        f"folder, or pass resume_from the folder to resume from."
-    )
 
 
 def set_up_training(trainer: Trainer, arguments: dict[str, Any], relaunch: AutoResume | None = None) -> None:
@@ -474,3 +453,141 @@ def create_eval_dataloader(
     return self.loaders.make_eval_loader(
         self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
     )
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def print(self: Trainer, *args: Any, **kwargs: Any) -> None:  # (shadows the built-in in this module)
+    """``print`` once per node (on each node's main process), above any open progress bar."""
+    distributed.print_once_per_node(self.accelerator, *args, **kwargs)
+
+
+def gather(self: Trainer, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
+    """Concatenate ``tensor`` from every process along dim 0 (see :func:`.distributed.gather`)."""
+    return distributed.gather(self.accelerator, tensor, padding_value)
+
+
+def gather_for_metrics(self: Trainer, data: Any) -> Any:
+    """Gather nested tensors from every process, each sample once (nothing from a padding batch,
+    not even a 0-d tensor)."""
+    return distributed.gather_ragged(self.accelerator, data, padding=self.loaders.eval_batch_is_padding)
+
+
+def any_process(self: Trainer, flag: bool | torch.Tensor) -> bool:
+    """True on every process if ``flag`` is true on any (every process must call this)."""
+    return bool(distributed.ranks_where(self.accelerator, flag))
+
+
+def get_model(self: Trainer, keep_torch_compile: bool = True) -> nn.Module:
+    """Return the model without its distributed wrappers."""
+    return self.accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
+
+
+class part_property(property, Generic[T]):
+    """A property of the Trainer that reads (and may set) an attribute of one of its parts, typed ``T``."""
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __get__(self, trainer: None, owner: type | None = None) -> part_property[T]: ...
+        @overload
+        def __get__(self, trainer: Any, owner: type | None = None) -> T: ...
+        def __get__(self, trainer: Any, owner: type | None = None) -> Any: ...
+
+
+running_loss: part_property[float] = part_property(
+    attrgetter("run_state.train_loss.average"),
+    doc="The mean training loss of the epoch so far on this process (a device read: a sync point).",
+)
+eval_batch_is_padding: part_property[bool] = part_property(
+    attrgetter("loaders.eval_batch_is_padding"),
+    doc="True while an evaluation batch is a padding batch of zero rows (that evens out the processes' "
+    'batch counts; docs/inside-the-trainer.md, "Evaluation").',
+)
+train_dataloader: part_property[Any] = part_property(
+    attrgetter("loaders.train"),
+    lambda self, loader: setattr(self.loaders, "train", loader),
+    doc="The prepared training loader of the run (one set in ``on_train_epoch_start`` is used).",
+)
+eval_dataloader: part_property[Any] = part_property(
+    attrgetter("loaders.eval"),
+    lambda self, loader: setattr(self.loaders, "eval", loader),
+    doc="The prepared evaluation loader (one set in ``on_eval_epoch_start`` is used).",
+)
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(
+    self: Trainer,
+    save_path: str | os.PathLike,
+    checkpoint_kwargs: dict[str, Any] | None = None,
+    save_optimizer: bool = True,
+    save_scheduler: bool = True,
+    save_per_node: bool = True,
+    *,
+    model: nn.Module | None = None,
+) -> None:
+    """Save the model (and optimizer, scheduler) in one file (see :func:`.model_files.save_checkpoint`)."""
+    model_files.save_checkpoint(
+        training_objects(self),
+        save_path,
+        checkpoint_kwargs,
+        (save_optimizer, save_scheduler, save_per_node),
+        model,
+    )
+
+
+def load_checkpoint(
+    self: Trainer,
+    checkpoint_path: str | os.PathLike,
+    load_optimizer: bool = True,
+    load_scheduler: bool = True,
+    *,
+    model: nn.Module | None = None,
+) -> dict[str, Any]:
+    """Load a file written by :meth:`save_checkpoint` (see :func:`.model_files.load_checkpoint`)."""
+    return model_files.load_checkpoint(
+        training_objects(self), checkpoint_path, (load_optimizer, load_scheduler), model
+    )
+
+
+def save_training_state(
+    self: Trainer,
+    output_dir: str | os.PathLike,
+    checkpoint_kwargs: dict[str, Any] | None = None,
+    *,
+    asynchronous: bool = False,
+) -> None:
+    """Save all that decides the rest of the run in ``output_dir`` (see :meth:`.TrainingStateStore.save`).
+
+    >>> import tempfile, torch
+    >>> from pytorch_accelerated import Trainer
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    >>> def new_trainer():
+    ...     model = nn.Linear(3, 1)
+    ...     return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    >>> trainer = new_trainer()
+    >>> trainer.train(data, num_epochs=1, per_device_batch_size=4)
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
+    ...     resumed = new_trainer()
+    ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
+    Resumed from .../after-epoch-1, the newest usable state in ... (update 4; training continues with epoch 2)
+    >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
+    12
+    """
+    self.state_store.save(training_objects(self), output_dir, checkpoint_kwargs, asynchronous)
+
+
+def wait_for_training_state(self: Trainer) -> None:
+    """Wait for a state saved with ``asynchronous=True`` (see :meth:`.TrainingStateStore.wait`)."""
+    self.state_store.wait()
+
+
+def load_training_state(self: Trainer, input_dir: str | os.PathLike) -> dict[str, Any]:
+    """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
+    return self.state_store.load(training_objects(self), input_dir)

@@ -3,7 +3,7 @@
 Methods without a prefix are meant to be overridden; each is followed by the callback event of the
 same name with ``on_`` in front (docs/inside-the-trainer.md, pinned by tests/unit/test_event_order.py).
 The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared). The methods
-that only hand over to a part are functions of :mod:`.runs` and :mod:`.trainer_methods`, bound here.
+that only hand over to a part are functions and properties of :mod:`.runs`, bound here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
 
-from . import runs, trainer_methods
+from . import runs
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
@@ -477,23 +477,23 @@ class Trainer:
         """True on the main process of the whole job."""
         return self._accelerator.is_main_process
 
-    # Methods and properties that only hand over to a part: functions of trainer_methods (and runs)
-    print = trainer_methods.print
-    gather = trainer_methods.gather
-    gather_for_metrics = trainer_methods.gather_for_metrics
-    any_process = trainer_methods.any_process
-    get_model = trainer_methods.get_model
-    running_loss = trainer_methods.running_loss
-    eval_batch_is_padding = trainer_methods.eval_batch_is_padding
-    train_dataloader = trainer_methods.train_dataloader
-    eval_dataloader = trainer_methods.eval_dataloader
+    # Methods and properties that only hand over to a part: members of runs
+    print = runs.print
+    gather = runs.gather
+    gather_for_metrics = runs.gather_for_metrics
+    any_process = runs.any_process
+    get_model = runs.get_model
+    running_loss = runs.running_loss
+    eval_batch_is_padding = runs.eval_batch_is_padding
+    train_dataloader = runs.train_dataloader
+    eval_dataloader = runs.eval_dataloader
     predict = runs.predict
     run_eval_epoch = runs.run_eval_epoch
-    save_checkpoint = trainer_methods.save_checkpoint
-    load_checkpoint = trainer_methods.load_checkpoint
-    save_training_state = trainer_methods.save_training_state
-    wait_for_training_state = trainer_methods.wait_for_training_state
-    load_training_state = trainer_methods.load_training_state
+    save_checkpoint = runs.save_checkpoint
+    load_checkpoint = runs.load_checkpoint
+    save_training_state = runs.save_training_state
+    wait_for_training_state = runs.wait_for_training_state
+    load_training_state = runs.load_training_state
 
 
 from .timm_schedulers import TrainerWithTimmScheduler  # noqa: E402 (a subclass of the Trainer above)

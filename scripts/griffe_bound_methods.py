@@ -1,7 +1,7 @@
 """A griffe extension for the API pages (mkdocs.yml loads it): a class body that binds a function
 of another module (``save_checkpoint = runs.save_checkpoint``, as the Trainer does) shows it as a
-method of the class, with its docstring, and a ``property(..., doc=...)`` bound that way as a
-property with that text. Read statically, griffe would see attributes without docstrings."""
+method of the class, with its docstring, and a ``property(..., doc=...)`` (or ``part_property``)
+bound that way as a property with that text. Read statically, griffe would see attributes without docstrings."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class BoundMethods(griffe.Extension):
                     if bound is not None and bound.is_function:
                         cls.set_member(name, griffe.Alias(name, bound, lineno=member.lineno))
                     elif bound is not None:
-                        cls.set_member(name, _property(name, member.lineno, str(bound.value)))
+                        cls.set_member(name, _property(name, member.lineno, bound))
 
 
 def _modules(module: griffe.Module) -> list[griffe.Module]:
@@ -41,11 +41,13 @@ def _bound(module: griffe.Module, value: str) -> Any:
         target = target.final_target if target.is_alias else target
     except (KeyError, ValueError, griffe.AliasResolutionError):
         return None
-    return target if target.is_function or str(target.value or "").startswith("property(") else None
+    if target.is_function or str(target.value or "").startswith(("property(", "part_property(")):
+        return target
+    return None
 
 
-def _property(name: str, lineno: int | None, source: str) -> griffe.Attribute:
-    call = ast.parse(source, mode="eval").body
+def _property(name: str, lineno: int | None, bound: griffe.Attribute) -> griffe.Attribute:
+    call = ast.parse(str(bound.value), mode="eval").body
     assert isinstance(call, ast.Call)
     doc = next((ast.literal_eval(keyword.value) for keyword in call.keywords if keyword.arg == "doc"), None)
     attribute = griffe.Attribute(name, lineno=lineno)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from collections.abc import Iterable
@@ -19,7 +20,7 @@ from ..checkpoints.collective_saves import writes_shared_files
 from ..checkpoints.directories import MANIFEST, read_manifest
 from ..checkpoints.discovery import list_complete_states
 from ..checkpoints.finite import NonFiniteStateError
-from .events import StopTrainingError, TrainerCallback
+from .events import CallbackHandler, StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -371,3 +372,31 @@ def _save_order(state: Path) -> tuple[int, int]:
     except OSError:
         written = 0
     return int(manifest.get("run_step", manifest.get("global_step", 0))), written
+
+
+def auto_resume_folder(callback_handler: CallbackHandler) -> Path:
+    """The folder that ``resume_from="auto"`` resumes from: the ``save_dir`` of the Trainer's
+    :class:`SaveTrainingStateCallback` (or subclass).
+
+    Raises:
+        ValueError: when the Trainer has none, or several with different folders.
+    """
+    folders = {
+        Path(os.path.abspath(callback.save_dir)): callback.save_dir
+        for callback in callback_handler.callbacks
+        if isinstance(callback, SaveTrainingStateCallback)
+    }
+    if len(folders) == 1:
+        return next(iter(folders.values()))
+    if not folders:
+        raise ValueError(
+            f'resume_from="auto" resumes from the folder of the run\'s SaveTrainingStateCallback, but this '
+            f"Trainer has none (its callbacks: {', '.join(callback_handler.callback_list) or 'none'}). "
+            f'Add one, e.g. callbacks=(*DEFAULT_CALLBACKS, SaveTrainingStateCallback(save_dir="checkpoints", '
+            f"save_every_n_steps=100)), or pass resume_from a folder of states, or None."
+        )
+    raise ValueError(
+        f'resume_from="auto" needs one folder of training states, but the Trainer\'s SaveTrainingStateCallbacks '
+        f"save into {len(folders)}: {', '.join(str(folder) for folder in folders.values())}. Save into one "
+        f"folder, or pass resume_from the folder to resume from."
+    )

@@ -65,8 +65,7 @@ def test_the_trainer_module_is_at_most_500_lines() -> None:
     lines = len((PACKAGE / "trainer.py").read_text().splitlines())
     assert lines <= MAX_TRAINER_LINES, (
         f"trainer.py has {lines} lines: it holds the loop; put a public method that only hands over "
-        f"to a part in trainer_methods.py and bind it in the class body (save_checkpoint = "
-        f"trainer_methods.save_checkpoint)"
+        f"to a part in runs.py and bind it in the class body (save_checkpoint = runs.save_checkpoint)"
     )
 
 
@@ -219,8 +218,7 @@ def test_every_folder_of_the_package_is_a_regular_package_so_wheels_include_it()
 # ---------------------------------------------------------------------------- the typing graph
 
 # The graph, its circles and the modules that name the Trainer by design (the callbacks, which each
-# event hands the Trainer; the two adapters whose functions are its methods, runs and
-# trainer_methods; the entry point; the subclass that the trainer module re-exports under 0.1.61's
+# event hands the Trainer; the adapter whose functions are its methods, runs; the entry point; the subclass that the trainer module re-exports under 0.1.61's
 # path) are computed by the script that prints the house's figures, so the test and the figures
 # cannot disagree.
 IMPORT_GRAPH = house_figures.import_graph(PACKAGE)
@@ -324,18 +322,17 @@ def test_every_n_is_computed_by_the_one_helper() -> None:
 
 
 def test_the_methods_bound_from_other_modules_are_documented_methods_taking_self() -> None:
-    """The Trainer's methods that only hand over to a part are functions of runs and
-    trainer_methods bound in its class body: each has a docstring (the API page shows it) and takes
-    the Trainer as ``self``; its properties bound that way have one too."""
+    """The Trainer's methods that only hand over to a part are functions of runs bound in its
+    class body: each has a docstring (the API page shows it) and takes the Trainer as ``self``; its
+    properties bound that way have one too."""
     import inspect
 
     from pytorch_accelerated.trainer import Trainer
 
-    adapters = {"pytorch_accelerated.runs", "pytorch_accelerated.trainer_methods"}
     bound = {
         name: value
         for name, value in vars(Trainer).items()
-        if inspect.isfunction(value) and value.__module__ in adapters
+        if inspect.isfunction(value) and value.__module__ == "pytorch_accelerated.runs"
     }
     assert {
         "evaluate",
@@ -349,3 +346,16 @@ def test_the_methods_bound_from_other_modules_are_documented_methods_taking_self
     properties = {name: value for name, value in vars(Trainer).items() if isinstance(value, property)}
     assert {"train_dataloader", "running_loss"} <= set(properties)
     assert [name for name, value in properties.items() if not value.__doc__] == []
+
+
+def test_the_properties_bound_from_runs_keep_their_types_for_mypy() -> None:
+    """``property(...)`` assigned in a class body types as ``Any``; ``runs.part_property[T]`` keeps
+    the type a ``@property`` in the class body had."""
+    import typing
+
+    from pytorch_accelerated import runs
+
+    hints = typing.get_type_hints(runs)
+    assert hints["running_loss"] == runs.part_property[float]
+    assert hints["eval_batch_is_padding"] == runs.part_property[bool]
+    assert isinstance(runs.running_loss, property)
