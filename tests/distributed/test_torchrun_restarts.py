@@ -31,10 +31,8 @@ from tests.launch import WorkerRun, start_workers
 
 SAVE_EVERY_N_STEPS = 8  # as in workers/restarts.py
 TOTAL_UPDATES = 240  # 3 epochs x 80 updates
-SEED = int(os.environ.get("RESTARTS_SEED", random.randrange(1_000_000)))
-
-
 CHECK_SIGNALS_EVERY_N_STEPS = 10  # SaveTrainingStateCallback's default: a SIGTERM stops within 10 updates
+SEED = int(os.environ.get("RESTARTS_SEED", random.randrange(1_000_000)))
 
 
 def plan() -> list[dict[str, Any]]:
