@@ -75,7 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                     "--save-dir", str(root / name / "states"),
                     "--faults", json.dumps(faults),
                     torchrun_args=(*rendezvous, "--max-restarts", str(max(len(faults), 3))),
-                    timeout_s=400,
+                    timeout_s=600,  # one job of up to 6 attempts in a row
                     expect_success=False,
                 ),
                 faults,
