@@ -1,10 +1,12 @@
 """``resume_from="auto"`` on 2 real processes (torchrun, gloo on CPU): the same script is the first
 launch (a new run, said once) and the relaunch after both processes were SIGKILLed (every process
-resumes from the same state, said once, and the run ends bitwise equal to the uninterrupted one).
+resumes from the same state, said once per attempt, and the run ends bitwise equal to the
+uninterrupted one).
 
 Under ``torchrun --max-restarts 3``: an exception raised once in a callback is restarted past and the
-run ends bitwise equal to the uninterrupted one; one raised at the same update on every attempt is
-recognised as the same failure, and the restarts run out without training up to it again.
+run ends bitwise equal to the uninterrupted one (the relaunch above meets it: one launch serves
+both cases); one raised at the same update on every attempt is recognised as the same failure, and
+the restarts run out without training up to it again.
 
 The runs are ``workers/auto_resume.py`` (6 updates per epoch on 2 processes, 3 epochs, a state
 every 2 updates).
@@ -24,6 +26,16 @@ from tests.launch import WORKERS_DIR, WorkerRun, launcher, start_workers
 
 TOTAL_UPDATES = 18
 KILL_AT_UPDATE = 5  # after the state of update 4
+FAIL_ONCE_AT_UPDATE = 9  # in the relaunch (from step_4), after the state of update 8
+MAX_RESTARTS = 3
+
+
+def restarts() -> tuple[str, ...]:
+    """torchrun's options for restarts: the c10d rendezvous, with a store of the workers' own
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): a restarted gloo group formed on torchrun's shared
+    store reads the previous attempt's addresses and fails to form."""
+    rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    return (*rendezvous, "--max-restarts", str(MAX_RESTARTS))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +50,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
         expect_success=False,
     )  # fmt: skip
     done = {"plain": plain.wait(), "killed": killed.wait()}
-    relaunched = start_workers("auto_resume.py", root / "relaunched", "--save-dir", str(root / "states"))
+    with pytest.MonkeyPatch.context() as env:  # the relaunch, under torchrun --max-restarts 3
+        env.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        relaunched = start_workers(
+            "auto_resume.py",
+            root / "relaunched",
+            "--save-dir", str(root / "states"),
+            "--fail-at-update", str(FAIL_ONCE_AT_UPDATE),
+            "--fail-once", str(root / "failed"),
+            torchrun_args=restarts(),
+        )  # fmt: skip
     return {**done, "relaunched": relaunched.wait()}
 
 
@@ -56,29 +77,26 @@ def test_relaunch_after_sigkill_resumes_on_every_process_from_the_same_state_to_
     killed, run = runs["killed"], runs["relaunched"]
     assert killed.returncode != 0 and killed.results == [None, None], killed.describe()
     folder = run.out_dir.parent / "states"
-    assert run.output.count('resume_from="auto"') == 1, run.describe()
+    # said once per attempt: the relaunch, then torchrun's restart after the exception raised once
+    assert run.output.count('resume_from="auto"') == 2, run.describe()
     assert f"from {folder / 'step_4'}, the newest usable state in {folder} (epoch 1, update 4;" in run.output
+    for rank in (0, 1):  # every process resumed from the same state: its first update is update 5
+        assert logged(run.out_dir, "updates", rank)[0] == ["0", str(KILL_AT_UPDATE)]
     plain = runs["plain"].results[0]
     assert [result["weights"] for result in run.results] == [plain["weights"], plain["weights"]]
     assert [result["global_step"] for result in run.results] == [TOTAL_UPDATES, TOTAL_UPDATES]
 
 
-MAX_RESTARTS = 3
 REPEATED_AT_UPDATE = 15  # after the state of update 14
 UPDATE_SLEEP_S = 0.5
 
 
 def with_restarts(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run the worker under ``torchrun --max-restarts 3`` on 2 processes; return it and its seconds.
-
-    The c10d rendezvous with a store of the workers' own: a restarted gloo group formed on torchrun's
-    shared store reads the previous attempt's addresses and fails to form."""
-    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    command = [*launcher(2), *rendezvous, "--max-restarts", str(MAX_RESTARTS)]
+    """Run the worker under ``torchrun --max-restarts 3`` on 2 processes; return it and its seconds."""
     out.mkdir(parents=True)
     started = time.monotonic()
     done = subprocess.run(
-        [*command, str(WORKERS_DIR / "auto_resume.py"), "--out", str(out), *args],
+        [*launcher(2), *restarts(), str(WORKERS_DIR / "auto_resume.py"), "--out", str(out), *args],
         env={**subprocess_env(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
         cwd=out,
         capture_output=True,
@@ -94,25 +112,23 @@ def logged(out: Path, name: str, rank: int) -> list[list[str]]:
 
 
 def test_an_exception_raised_once_is_restarted_past_to_the_uninterrupted_weights(
-    runs: dict[str, WorkerRun], tmp_path: Path
+    runs: dict[str, WorkerRun],
 ) -> None:
-    out = tmp_path / "once"
-    done, _ = with_restarts(
-        out,
-        "--save-dir",
-        str(tmp_path / "states"),
-        "--fail-at-update",
-        "5",
-        "--fail-once",
-        str(tmp_path / "failed"),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    run = runs["relaunched"]  # from step_4; raises once at update 9, after the state of update 8
+    assert run.returncode == 0, run.describe()
+    folder = run.out_dir.parent / "states"
+    assert f"from {folder / 'step_8'}, the newest usable state in {folder} (epoch 2, update 8;" in run.output
     for rank in (0, 1):
-        assert [line[2] for line in logged(out, "attempts", rank)] == ["RuntimeError", "finished"]
-        updates = [(int(attempt), int(update)) for attempt, update in logged(out, "updates", rank)]
-        assert updates == [(0, u) for u in range(1, 6)] + [(1, u) for u in range(5, TOTAL_UPDATES + 1)]
+        assert [line[2] for line in logged(run.out_dir, "attempts", rank)] == ["RuntimeError", "finished"]
+        updates = [(int(attempt), int(update)) for attempt, update in logged(run.out_dir, "updates", rank)]
+        assert updates == [(0, u) for u in range(KILL_AT_UPDATE, FAIL_ONCE_AT_UPDATE + 1)] + [
+            (1, u) for u in range(FAIL_ONCE_AT_UPDATE, TOTAL_UPDATES + 1)
+        ]
     plain = runs["plain"].results[0]["weights"]
-    assert [json.loads((out / f"rank{r}.json").read_text())["weights"] for r in (0, 1)] == [plain, plain]
+    assert [json.loads((run.out_dir / f"rank{r}.json").read_text())["weights"] for r in (0, 1)] == [
+        plain,
+        plain,
+    ]
 
 
 def test_the_same_exception_on_every_attempt_ends_the_restarts_without_training_up_to_it_again(

@@ -12,7 +12,8 @@ Launches (``workers/fsdp_states.py``), two at a time:
    from its ``step_8`` by a new Trainer in the same launch);
 2. from a NEW launch: the FSDP run resumed from a folder whose newest state has a truncated shard
    (skipped for ``step_8``, mid-epoch 2), then in the same launch the DDP run's plain ``step_8``
-   resumed under FSDP (full state -> shards); and the sharded ``step_8`` resumed on 1 process.
+   resumed under FSDP (full state -> shards), then copies of ``step_8`` with one byte flipped
+   each, all refused; and the sharded ``step_8`` resumed on 1 process.
 
 The bad inputs that need no FSDP group are checked in this process on the states written.
 """
@@ -68,10 +69,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shard.write_bytes(shard.read_bytes()[:100])
     flipped = flipped_copies(fsdp_states / "step_8", root / "flipped")
     second = {
-        "flips": start_workers("fsdp_states.py", root / "flips", "--save-dir", str(root / "s3"),
-                               "--flipped-states", str(root / "flipped")),
         "resumed": start_workers("fsdp_states.py", root / "resumed", "--save-dir", str(root / "s1"), "--resume-from", str(folder),
-                                 "--then-resume-from", str(ddp_states / "step_8")),
+                                 "--then-resume-from", str(ddp_states / "step_8"), "--flipped-states", str(root / "flipped")),
         "on_one": start_workers("fsdp_states.py", root / "on_one", "--save-dir", str(root / "s2"),
                                 "--resume-from", str(fsdp_states / "step_8"), nproc=1),
     }  # fmt: skip
@@ -200,7 +199,7 @@ def test_a_sharded_state_resumes_on_one_process(runs: dict[str, Any]) -> None:
 def test_every_single_byte_flip_in_a_sharded_state_is_refused_naming_the_file(runs: dict[str, Any]) -> None:
     """Each flipped copy of step_8 is refused on both processes before anything is loaded; one of
     them (the one that checked the file, or both) names the damaged file."""
-    flipped, outcomes = runs["flipped"], [result["flips"] for result in runs["flips"].results]
+    flipped, outcomes = runs["flipped"], [result["flips"] for result in runs["resumed"].results]
     assert len(flipped) == FLIPS_PER_FILE * 11  # manifest, 2 x (2 shards + .metadata), 2 RNG files, 2 more
     caught = 0
     for copy, (path, offset) in flipped.items():

@@ -1,10 +1,14 @@
-"""Restarts under ``torchrun --nproc_per_node 2 --max-restarts 3`` end where an uninterrupted run ends.
+"""Restarts under ``torchrun --nproc_per_node 2 --max-restarts N`` end where an uninterrupted run ends.
 
-The same script (``workers/restarts.py``) for the first launch and every relaunch; real faults on
-one rank: SIGKILL (1 or 2 times during training, at random ranks and updates, then once inside a
-save), SIGTERM (preemption), and a Python exception raised once in a callback. Each job must end
-by itself with exit 0, with final weights bitwise equal to the uninterrupted run's, at most
+The same script (``workers/restarts.py``) for the first launch and every relaunch; two jobs at
+once: an uninterrupted one, and one that meets every kind of fault, one per attempt, each on one
+rank: SIGKILL (1 or 2 times during training, at random ranks and updates), SIGTERM (preemption),
+a Python exception raised once in a callback, then a SIGKILL inside a save (``--max-restarts``
+is the number of faults, so SIGTERM arrives with 3 restarts left). The job must end by itself
+with exit 0, with final weights bitwise equal to the uninterrupted run's, at most
 ``SAVE_EVERY_N_STEPS`` updates redone per failure, no hidden half-written state and no lock left.
+(One job for every fault: each attempt starts 2 worker processes, most of the cost; a job per
+kind of fault would start the agent and the first attempt again for each.)
 
 The faults are drawn from ``RESTARTS_SEED`` (a new seed per session unless set), printed in every
 failure message. torchrun runs with the c10d rendezvous and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
@@ -27,16 +31,21 @@ from tests.launch import WorkerRun, start_workers
 
 SAVE_EVERY_N_STEPS = 8  # as in workers/restarts.py
 TOTAL_UPDATES = 240  # 3 epochs x 80 updates
+CHECK_SIGNALS_EVERY_N_STEPS = 10  # SaveTrainingStateCallback's default: a SIGTERM stops within 10 updates
 SEED = int(os.environ.get("RESTARTS_SEED", random.randrange(1_000_000)))
 
 
-def kill_faults(rng: random.Random) -> list[dict[str, Any]]:
-    """1 or 2 SIGKILLs at random ranks and updates, then one SIGKILL inside a later save: each on
-    its own attempt, each after the previous one (so the relaunch, which resumes before it, gets there)."""
+def plan() -> list[dict[str, Any]]:
+    """The faults, one per attempt, each after the previous one (so the relaunch, which resumes
+    before it, gets there): 1 or 2 SIGKILLs during training, a SIGTERM, an exception after the
+    state that SIGTERM saved, then a SIGKILL inside a later save; each at a random rank."""
+    rng = random.Random(SEED)
+    kinds = ["kill"] * rng.randint(1, 2) + ["term", "raise"]
     faults, step = [], 0
-    for attempt in range(rng.randint(1, 2)):
-        step = rng.randint(step + 1, step + 70)
-        faults.append({"attempt": attempt, "rank": rng.randint(0, 1), "step": step, "kind": "kill"})
+    for attempt, kind in enumerate(kinds):
+        first = step + (CHECK_SIGNALS_EVERY_N_STEPS + 2 if kind == "raise" else 1)
+        step = rng.randint(first, first + 40)
+        faults.append({"attempt": attempt, "rank": rng.randint(0, 1), "step": step, "kind": kind})
     save_step = SAVE_EVERY_N_STEPS * rng.randint(step // SAVE_EVERY_N_STEPS + 1, TOTAL_UPDATES // 8 - 1)
     faults.append(
         {"attempt": len(faults), "rank": rng.randint(0, 1), "step": save_step, "kind": "kill-in-save"}
@@ -44,15 +53,7 @@ def kill_faults(rng: random.Random) -> list[dict[str, Any]]:
     return faults
 
 
-def plans() -> dict[str, list[dict[str, Any]]]:
-    rng = random.Random(SEED)
-    one = {"attempt": 0, "rank": rng.randint(0, 1), "step": rng.randint(1, TOTAL_UPDATES - 1)}
-    return {
-        "uninterrupted": [],
-        "kill": kill_faults(rng),
-        "term": [{**one, "kind": "term"}],
-        "raise": [{**one, "kind": "raise"}],
-    }
+Runs = dict[str, tuple[WorkerRun, list[dict[str, Any]]]]
 
 
 def describe(name: str, run: WorkerRun, faults: list[dict[str, Any]]) -> str:
@@ -60,12 +61,12 @@ def describe(name: str, run: WorkerRun, faults: list[dict[str, Any]]) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[WorkerRun, list[dict[str, Any]]]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     root = tmp_path_factory.mktemp("torchrun_restarts")
     groups = {}
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        for name, faults in plans().items():
+        for name, faults in (("uninterrupted", []), ("faults", plan())):
             rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
             groups[name] = (
                 start_workers(
@@ -73,8 +74,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[WorkerRun,
                     root / name,
                     "--save-dir", str(root / name / "states"),
                     "--faults", json.dumps(faults),
-                    torchrun_args=(*rendezvous, "--max-restarts", "3"),
-                    timeout_s=400,
+                    torchrun_args=(*rendezvous, "--max-restarts", str(max(len(faults), 3))),
+                    timeout_s=600,  # one job of up to 6 attempts in a row
                     expect_success=False,
                 ),
                 faults,
@@ -85,7 +86,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[WorkerRun,
 def attempts(run: WorkerRun) -> list[dict[str, Any]]:
     """Per attempt: the update each rank resumed from, and the fault it met (if any)."""
     found = []
-    for attempt in range(4):
+    for attempt in range(8):
         started = [run.out_dir / f"attempt{attempt}_rank{rank}.json" for rank in (0, 1)]
         if not all(path.exists() for path in started):
             break
@@ -107,10 +108,8 @@ def redone_per_failure(run: WorkerRun) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("name", ["uninterrupted", "kill", "term", "raise"])
-def test_job_ends_by_itself_with_exit_0_and_the_uninterrupted_weights_bitwise(
-    runs: dict[str, tuple[WorkerRun, list[dict[str, Any]]]], name: str
-) -> None:
+@pytest.mark.parametrize("name", ["uninterrupted", "faults"])
+def test_job_ends_by_itself_with_exit_0_and_the_uninterrupted_weights_bitwise(runs: Runs, name: str) -> None:
     run, faults = runs[name]
     message = describe(name, run, faults)
     assert run.returncode == 0, message
@@ -124,63 +123,53 @@ def test_job_ends_by_itself_with_exit_0_and_the_uninterrupted_weights_bitwise(
         assert all(torch.equal(got[key], expected[key]) for key in expected), message
 
 
-@pytest.mark.parametrize("name", ["kill", "term", "raise"])
-def test_each_failure_redoes_at_most_save_every_n_steps_updates(
-    runs: dict[str, tuple[WorkerRun, list[dict[str, Any]]]], name: str
-) -> None:
-    run, faults = runs[name]
-    message = describe(name, run, faults)
+def test_each_failure_redoes_at_most_save_every_n_steps_updates(runs: Runs) -> None:
+    run, faults = runs["faults"]
+    message = describe("faults", run, faults)
     found = attempts(run)
     assert [a["fault"]["kind"] for a in found[:-1]] == [f["kind"] for f in faults], message
     assert all(len(a["resumed"]) == 1 for a in found), message  # both ranks resumed from the same update
     redone = redone_per_failure(run)
-    print(f"{name}: updates redone per failure {redone} (faults {faults}, RESTARTS_SEED={SEED})")
+    print(f"updates redone per failure {redone} (faults {faults}, RESTARTS_SEED={SEED})")
     assert all(0 <= n <= SAVE_EVERY_N_STEPS for n in redone), message
-    if name == "term":  # the stop saved a state at or after the signal: nothing redone
-        assert redone == [0] and min(found[1]["resumed"]) >= faults[0]["step"], message
-    if name == "kill":  # the state the kill interrupted was not taken: the one before it was
-        save_step = faults[-1]["step"]
-        assert min(found[-1]["resumed"]) == save_step - SAVE_EVERY_N_STEPS, message
+    # SIGTERM: the stop saved a state at or after the signal, nothing redone
+    term = next(f["attempt"] for f in faults if f["kind"] == "term")
+    assert redone[term] == 0 and min(found[term + 1]["resumed"]) >= faults[term]["step"], message
+    # a SIGKILL inside a save: the state it interrupted was not taken, the one before it was
+    save_step = faults[-1]["step"]
+    assert min(found[-1]["resumed"]) == save_step - SAVE_EVERY_N_STEPS, message
 
 
-@pytest.mark.parametrize("name", ["kill", "term", "raise"])
-def test_relaunch_leaves_complete_states_only_and_no_lock(
-    runs: dict[str, tuple[WorkerRun, list[dict[str, Any]]]], name: str
-) -> None:
-    run, faults = runs[name]
+def test_relaunch_leaves_complete_states_only_and_no_lock(runs: Runs) -> None:
+    run, faults = runs["faults"]
     states = run.out_dir / "states"
     left = sorted(path.name for path in states.iterdir())
     saved = {f"step_{n}" for n in range(SAVE_EVERY_N_STEPS, TOTAL_UPDATES + 1, SAVE_EVERY_N_STEPS)}
     resumed = {f"step_{n}" for attempt in attempts(run)[1:] for n in attempt["resumed"] if n}  # SIGTERM's
     expected = sorted(saved | resumed | {"final"})
-    assert left == expected, describe(name, run, faults)  # no .run.lock, no hidden .step_N.incomplete
+    assert left == expected, describe("faults", run, faults)  # no .run.lock, no hidden .step_N.incomplete
     assert all((states / state / "manifest.json").exists() for state in left)
 
 
-def test_every_launch_says_what_it_resumed_and_sigterm_exits_143_for_the_agent(
-    runs: dict[str, tuple[WorkerRun, list[dict[str, Any]]]],
-) -> None:
-    for name in ("kill", "term", "raise"):
-        run, faults = runs[name]
-        states = run.out_dir / "states"
-        fresh = f'resume_from="auto": no training state in {states}, starting a new run'
-        assert fresh in run.output  # the first launch
-        for attempt in attempts(run)[1:]:
-            (update,) = attempt["resumed"]
-            if update:  # 0: killed before the first save, so the relaunch started afresh too
-                assert f"from {states / f'step_{update}'}, the newest usable state in {states}" in run.output
-    run, faults = runs["term"]
+def test_every_launch_says_what_it_resumed_and_sigterm_exits_143_for_the_agent(runs: Runs) -> None:
+    run, faults = runs["faults"]
+    message = describe("faults", run, faults)
+    states = run.out_dir / "states"
+    fresh = f'resume_from="auto": no training state in {states}, starting a new run'
+    assert fresh in run.output  # the first launch
+    for attempt in attempts(run)[1:]:
+        (update,) = attempt["resumed"]
+        if update:  # 0: killed before the first save, so the relaunch started afresh too
+            assert f"from {states / f'step_{update}'}, the newest usable state in {states}" in run.output
     assert "Training stopped: received SIGTERM; saved the training state to " in run.output
     assert (
         "exiting with code 143 after the end hooks so that torchrun restarts the job (3 restart(s) "
         "left), and the relaunch resumes from it"
-    ) in run.output, describe("term", run, faults)
+    ) in run.output, message
     assert "(exitcode: 143)" in run.output  # torchrun saw the failure, and restarted
-    for name, (run, _) in runs.items():  # an unshared store: no warning about the shared one
-        assert "torchrun will restart this job after a failure" not in run.output, name
-    assert "injected failure at update" in runs["raise"][0].output
-    run, faults = runs["kill"]  # the relaunch after the kill inside a save took the folder and cleaned it
+    for name, (each, _) in runs.items():  # an unshared store: no warning about the shared one
+        assert "torchrun will restart this job after a failure" not in each.output, name
+    assert "injected failure at update" in run.output
+    # the relaunch after the kill inside a save took the folder and cleaned it
     hidden = f".step_{faults[-1]['step']}.incomplete"
-    assert (
-        f"Removed the half-written states of killed saves in {run.out_dir / 'states'}: {hidden}" in run.output
-    )
+    assert f"Removed the half-written states of killed saves in {states}: {hidden}" in run.output

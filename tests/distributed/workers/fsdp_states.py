@@ -14,8 +14,9 @@ process group of one (FSDP needs a group). ``--try-async``: after the run, ``sav
 asynchronous=True)`` must be refused before anything is written; then a save that fails
 inside DCP on process 1 (a file-size limit) must raise on both and leave nothing behind.
 ``--then-resume-from STATE``: then a new Trainer in the same launch resumes from ``STATE``
-(result ``then``). ``--flipped-states FOLDER``: instead of the run, a new Trainer tries to resume
-from each state in ``FOLDER`` (result ``flips``: what each attempt raised, None when it trained). ``--state-dict-type`` sets the FSDP plugin's (``SHARDED_STATE_DICT`` by default).
+(result ``then``). ``--flipped-states FOLDER``: then, in the same launch, a new Trainer tries to
+resume from each state in ``FOLDER`` (result ``flips``: what each attempt raised, None when it
+trained). ``--state-dict-type`` sets the FSDP plugin's (``SHARDED_STATE_DICT`` by default).
 """
 
 from __future__ import annotations
@@ -194,15 +195,14 @@ def main() -> None:
         "then-resume-from": "", "flipped-states": "",
     })  # fmt: skip
     one_process_group()
-    if args.flipped_states:  # only the attempts to resume from damaged states
-        write_result(args.out, {"flips": try_flipped_states(args, Path(args.flipped_states))})
-        return
     trainer, result = run(args, args.save_dir, args.resume_from)
     if args.try_async:
         result["async"] = try_async_save(trainer, Path(args.save_dir) / "async")
         result["failed_save"] = try_failing_save(trainer, Path(args.save_dir))
     if args.then_resume_from:  # then a new Trainer in this process resumes from there
         result["then"] = run(args, f"{args.save_dir}_then", args.then_resume_from)[1]
+    if args.flipped_states:  # then the attempts to resume from damaged states
+        result["flips"] = try_flipped_states(args, Path(args.flipped_states))
     trainer.accelerator.wait_for_everyone()
     write_result(args.out, result)
 
