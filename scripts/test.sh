@@ -15,7 +15,7 @@ echo "== ruff format"; ruff format --check --quiet . || status=1
 echo "== mypy"; mypy pytorch_accelerated || status=1
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)" || status=1
 echo "== pytest"
-python -m pytest "$@"
+python -m pytest --durations=25 "$@"  # the 25 slowest tests: where the suite's time goes
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here"; rc=1
