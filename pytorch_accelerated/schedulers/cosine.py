@@ -161,9 +161,13 @@ class CosineLrScheduler(StatefulSchedulerBase):
 
     def _value(self, t: int, lr_max: float) -> float:
         if t < self.num_warmup_steps:
-            lr_start = self._ratio_or(self.warmup_starting_lr_ratio, lr_max, self.warmup_starting_lr)
+            lr_start = (
+                lr_max * self.warmup_starting_lr_ratio
+                if self.warmup_starting_lr_ratio is not None
+                else self.warmup_starting_lr
+            )
             return lr_start + (lr_max - lr_start) * t / self.num_warmup_steps
-        lr_min = self._ratio_or(self.min_lr_ratio, lr_max, self.lr_min)
+        lr_min = lr_max * self.min_lr_ratio if self.min_lr_ratio is not None else self.lr_min
         t_decay = t - self.num_warmup_steps
         # Return lr_min itself at and after the end of the decay, so the run ends on it exactly.
         if t_decay >= self.num_decay_steps:
@@ -171,10 +175,6 @@ class CosineLrScheduler(StatefulSchedulerBase):
         return lr_min + (lr_max - lr_min) * 0.5 * (
             1 + math.cos(math.pi * ((t_decay / self.num_decay_steps) ** self.k_decay))
         )
-
-    @staticmethod
-    def _ratio_or(ratio: float | None, lr_max: float, value: float) -> float:
-        return lr_max * ratio if ratio is not None else value
 
     @classmethod
     def create_scheduler_fn(

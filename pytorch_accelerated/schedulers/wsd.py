@@ -144,8 +144,10 @@ class WSDLrScheduler(StatefulSchedulerBase):
 
     def _period_index(self, t: int) -> int:
         """The first period whose end is at or after ``t``; the last one beyond the run."""
-        ends = [info["period_end"] for info in self.checkpoint_decay_info]
-        return next((index for index, end in enumerate(ends) if end >= t), len(ends) - 1)
+        return next(
+            (index for index, info in enumerate(self.checkpoint_decay_info) if info["period_end"] >= t),
+            len(self.checkpoint_decay_info) - 1,
+        )
 
     # ------------------------------------------------------------------ introspection
 
@@ -280,10 +282,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
             ValueError: If a value is given under both its names, or ``total_steps`` with an
                 epoch count or a number of updates per epoch.
         """
-        length = _run_length(total_num_epochs, num_update_steps_per_epoch, num_epochs, total_steps)
         return functools.partial(
             cls,
-            **length,
+            **_run_length(total_num_epochs, num_update_steps_per_epoch, num_epochs, total_steps),
             num_warmup_steps=_warmup_steps(num_warmup_epochs, num_warmup_steps, num_update_steps_per_epoch),
             decay_phase_ratio=decay_phase_ratio,
             lr_min=lr_min,
@@ -326,18 +327,11 @@ def estimate_checkpoint_steps(total_steps: int, num_checkpoints: int = 3) -> lis
 
 def _decay_info(checkpoint_steps: list[int], ratio: float) -> list[dict[str, int]]:
     """One entry per period: it starts at the previous checkpoint and decays for its last part."""
-    periods = []
-    for start, end in zip([0, *checkpoint_steps], checkpoint_steps, strict=False):
-        decay_steps = max(1, int(ratio * (end - start)))
-        periods.append(
-            {
-                "period_start": start,
-                "period_end": end,
-                "decay_steps": decay_steps,
-                "pre_decay_step": end - decay_steps,
-            }
-        )
-    return periods
+    periods = zip([0, *checkpoint_steps], checkpoint_steps, strict=False)
+    return [
+        {"period_start": start, "period_end": end, "decay_steps": decay, "pre_decay_step": end - decay}
+        for start, end, decay in ((start, end, max(1, int(ratio * (end - start)))) for start, end in periods)
+    ]
 
 
 def _decayed(peak: float, ratio: float, progress: float, use_inverse_sqrt_decay: bool) -> float:
@@ -381,9 +375,8 @@ def _warmup_steps(num_warmup_epochs: Any, num_warmup_steps: Any, steps_per_epoch
         )
     if num_warmup_epochs is None:
         return num_warmup_steps
-    if is_placeholder(steps_per_epoch):
-        return (steps_per_epoch * num_warmup_epochs).as_int()
-    return int(steps_per_epoch * num_warmup_epochs)
+    warmup = steps_per_epoch * num_warmup_epochs
+    return warmup.as_int() if is_placeholder(steps_per_epoch) else int(warmup)
 
 
 def _warmup_or_one_percent(num_warmup_steps: Any, total_steps: int) -> int:
