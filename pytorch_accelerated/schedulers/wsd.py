@@ -174,8 +174,14 @@ class WSDLrScheduler(StatefulSchedulerBase):
     @property
     def previous_checkpoint_step(self) -> int | None:
         """None until the first decay starts, then the ``pre_decay_step - 1`` of the latest one."""
-        started = [info for info in self.checkpoint_decay_info if self._num_updates >= info["pre_decay_step"]]
-        return started[-1]["pre_decay_step"] - 1 if started else None
+        return next(
+            (
+                info["pre_decay_step"] - 1
+                for info in reversed(self.checkpoint_decay_info)
+                if self._num_updates >= info["pre_decay_step"]
+            ),
+            None,
+        )
 
     def get_phase_info(self, num_updates: int) -> dict[str, Any]:
         """Describe the period that ``num_updates`` completed updates are in.
