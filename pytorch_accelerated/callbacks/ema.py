@@ -188,9 +188,8 @@ class ModelEmaCallback(BestEpochCallback):
         """
         if self.ema_model is None:
             raise RuntimeError("ModelEmaCallback.evaluate_ema needs a training run to have started.")
-        trainer_handler = trainer.callback_handler
+        trainer_handler, trainer.callback_handler = trainer.callback_handler, self.callback_handler
         self._evaluating = True
-        trainer.callback_handler = self.callback_handler
         try:
             return trainer.run_eval_epoch(
                 model=self.ema_model.module,

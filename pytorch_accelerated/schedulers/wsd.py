@@ -201,20 +201,20 @@ class WSDLrScheduler(StatefulSchedulerBase):
         """
         step = check_int("step", num_updates, minimum=0)
         index = self._period_index(step)
-        info: dict[str, Any] = dict(self.checkpoint_decay_info[index])
+        info = self.checkpoint_decay_info[index]
         phase = (
             "warmup" if step < self._warmup_end else "decay" if step > info["pre_decay_step"] else "stable"
         )
-        info.update(
-            phase=phase,
-            checkpoint_index=index,
-            checkpoint_step=info["period_end"],
-            steps_until_checkpoint=max(0, info["period_end"] - step),
-            decay_start_step=info["pre_decay_step"],
-            is_decay_phase=phase == "decay",
-            is_checkpoint_step=step == info["period_end"],
-        )
-        return info
+        return {
+            **info,
+            "phase": phase,
+            "checkpoint_index": index,
+            "checkpoint_step": info["period_end"],
+            "steps_until_checkpoint": max(0, info["period_end"] - step),
+            "decay_start_step": info["pre_decay_step"],
+            "is_decay_phase": phase == "decay",
+            "is_checkpoint_step": step == info["period_end"],
+        }
 
     # ------------------------------------------------------------------ state
 
