@@ -30,13 +30,10 @@ class CSVTracker(GeneralTracker):
     ) -> None:
         super().__init__()
         self.directory = Path(logging_dir) / run_name
+        self.path = self.directory / "metrics.csv"
         self.resume_step = resume_step
         self._file: Any = None
         self._writer: Any = None  # one csv.writer on the open file, kept for the run
-
-    @property
-    def path(self) -> Path:
-        return self.directory / "metrics.csv"
 
     @property
     def tracker(self) -> Any:

@@ -12,7 +12,7 @@ from .._internal.fsdp import refuse_under_fsdp
 from ..checkpoints.finite import NonFiniteStateError
 from ..utils import ModelEma
 from .events import CallbackHandler, TrainerCallback
-from .monitoring import BestEpochAliases, MetricWatchingCallback
+from .monitoring import BestEpochCallback
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -22,7 +22,7 @@ __all__ = ["ModelEmaCallback"]
 EMA_METRIC_PREFIX = "ema_model_"
 
 
-class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
+class ModelEmaCallback(BestEpochCallback):
     """Average the model's weights after every optimizer update; evaluate and save the average.
 
     - At ``on_training_run_start`` an EMA copy of the unwrapped model is made on
@@ -129,10 +129,6 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
     def model_ema_cls(self, value: Callable[..., ModelEma]) -> None:
         self.model_ema = value
 
-    def reset(self) -> None:
-        super().reset()
-        self.best_epoch = None
-
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         super().on_training_run_start(trainer)
         refuse_under_fsdp(
@@ -192,9 +188,8 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
         """
         if self.ema_model is None:
             raise RuntimeError("ModelEmaCallback.evaluate_ema needs a training run to have started.")
-        trainer_handler = trainer.callback_handler
+        trainer_handler, trainer.callback_handler = trainer.callback_handler, self.callback_handler
         self._evaluating = True
-        trainer.callback_handler = self.callback_handler
         try:
             return trainer.run_eval_epoch(
                 model=self.ema_model.module,
@@ -262,7 +257,7 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
 
     def state_dict(self) -> dict[str, Any]:
         """The best metric and epoch, and the EMA weights (CPU tensors) once a run has started."""
-        state: dict[str, Any] = {**super().state_dict(), "best_epoch": self.best_epoch}
+        state = super().state_dict()
         source = self.ema_model.module.state_dict() if self.ema_model is not None else self._pending_ema_state
         if source is not None:
             state["ema_state_dict"] = {name: tensor.detach().cpu().clone() for name, tensor in source.items()}
@@ -271,11 +266,8 @@ class ModelEmaCallback(BestEpochAliases, MetricWatchingCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; before a run starts, the EMA weights wait for it."""
         super().load_state_dict(state)
-        self.best_epoch = state.get("best_epoch")
         ema_state = state.get("ema_state_dict")
-        if ema_state is None:
-            return
-        if self.ema_model is not None:
+        if ema_state is not None and self.ema_model is not None:
             self.ema_model.module.load_state_dict(ema_state)
-        else:
+        elif ema_state is not None:
             self._pending_ema_state = dict(ema_state)

@@ -100,12 +100,7 @@ class LimitEvalStepsCallback(TrainerCallback):
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
     # A stop skips on_eval_epoch_end, and a failure every end event: restore the loader there too.
-
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
-
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+    on_training_run_end = on_evaluation_run_end = on_eval_epoch_end
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+        self.on_eval_epoch_end(trainer)

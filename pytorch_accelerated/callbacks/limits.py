@@ -74,29 +74,22 @@ class LimitBatchesCallback(TrainerCallback):
     def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
+    on_evaluation_run_end = on_eval_epoch_end  # a stop skipped on_eval_epoch_end
+
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # A StopTrainingError skips the epoch-end events: restore the loaders here as well.
-        self._restore(trainer)
-
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)  # a stop skipped on_eval_epoch_end
-
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self._restore(trainer)
-
-    @staticmethod
-    def _restore(trainer: Trainer) -> None:
         trainer.train_dataloader = unlimit(trainer.train_dataloader)
         trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self.on_training_run_end(trainer)
 
 
 def limit_batches_callback_from_env() -> LimitBatchesCallback | None:
     """A :class:`LimitBatchesCallback` if ``PT_ACC_LIMIT_BATCHES`` is set (by
     :class:`~pytorch_accelerated.utils.LimitBatches`, or by a script), else None."""
     value = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
-    if not value:
-        return None
-    if value.lower() == "none":  # how the original library spelled "no limit"
+    if not value or value.lower() == "none":  # "none": how the original library spelled "no limit"
         return None
     try:
         num_batches = int(value)

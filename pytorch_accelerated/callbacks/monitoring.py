@@ -62,9 +62,12 @@ class MetricWatchingCallback(TrainerCallback):
             self.reset()
         self._keep_loaded_state = False
         history = trainer.run_history
-        known = self.watch_metric in history.get_metric_names()
         # Values left from an earlier run (reset_run_history=False) are not this run's.
-        self._num_values_seen = len(history.get_metric_values(self.watch_metric)) if known else 0
+        self._num_values_seen = (
+            len(history.get_metric_values(self.watch_metric))
+            if self.watch_metric in history.get_metric_names()
+            else 0
+        )
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self._keep_loaded_state = False
@@ -90,14 +93,13 @@ class MetricWatchingCallback(TrainerCallback):
 
     def is_improvement(self, value: float) -> bool:
         """True if ``value`` beats ``best_metric`` by more than ``threshold`` (NaN never does)."""
-        if math.isnan(value):
-            return False
-        if self.best_metric is None:
-            return True
-        return (
-            value > self.best_metric + self.threshold
-            if self.greater_is_better
-            else value < self.best_metric - self.threshold
+        return not math.isnan(value) and (
+            self.best_metric is None
+            or (
+                value > self.best_metric + self.threshold
+                if self.greater_is_better
+                else value < self.best_metric - self.threshold
+            )
         )
 
     def agree_improvement(self, trainer: Trainer, value: float) -> bool:
@@ -125,10 +127,22 @@ class MetricWatchingCallback(TrainerCallback):
         )
 
 
-class BestEpochAliases:
-    """``best_metric_epoch``: the name pytorch-accelerated 0.1.61 gives ``best_epoch``."""
+class BestEpochCallback(MetricWatchingCallback):
+    """A :class:`MetricWatchingCallback` that also keeps ``best_epoch``, the epoch of the best
+    value (forgotten by :meth:`reset`, part of the state), also named ``best_metric_epoch``."""
 
     best_epoch: int | None
+
+    def reset(self) -> None:
+        super().reset()
+        self.best_epoch = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.best_epoch = state.get("best_epoch")
 
     @property
     def best_metric_epoch(self) -> int | None:
@@ -140,7 +154,7 @@ class BestEpochAliases:
         self.best_epoch = value
 
 
-class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
+class SaveBestModelCallback(BestEpochCallback):
     """Save a checkpoint whenever ``watch_metric`` improves; reload the best weights at the end.
 
     The checkpoint is written with :meth:`Trainer.save_checkpoint`, so it always has the same
@@ -188,10 +202,6 @@ class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
         self.load_saved_checkpoint = load_saved_checkpoint
         self.best_epoch: int | None = None
 
-    def reset(self) -> None:
-        super().reset()
-        self.best_epoch = None
-
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         value = self.read_new_value(trainer)
         if value is None or not self.agree_improvement(trainer, value):
@@ -219,13 +229,6 @@ class SaveBestModelCallback(BestEpochAliases, MetricWatchingCallback):
                 f"Loaded the best model of epoch {self.best_epoch} "
                 f"({self.watch_metric} = {self.best_metric:.6g}) from {str(self.save_path)!r}"
             )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_epoch": self.best_epoch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.best_epoch = state.get("best_epoch")
 
 
 class EarlyStoppingCallback(MetricWatchingCallback):
@@ -258,14 +261,15 @@ class EarlyStoppingCallback(MetricWatchingCallback):
         greater_is_better: bool = False,
         reset_on_train: bool = True,
     ) -> None:
-        check_whole_number(early_stopping_patience, "early_stopping_patience", owner="EarlyStoppingCallback")
+        self.early_stopping_patience: int = check_whole_number(
+            early_stopping_patience, "early_stopping_patience", owner="EarlyStoppingCallback"
+        )
         if not isinstance(early_stopping_threshold, numbers.Real) or not early_stopping_threshold >= 0:
             raise ValueError(
                 f"early_stopping_threshold must be a number >= 0 (the least change that counts as "
                 f"an improvement), got {early_stopping_threshold!r}."
             )
         super().__init__(watch_metric, greater_is_better, reset_on_train, threshold=early_stopping_threshold)
-        self.early_stopping_patience: int = early_stopping_patience
         self.early_stopping_threshold: float = float(early_stopping_threshold)
         self.num_epochs_without_improvement: int = 0
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,25 +37,6 @@ LOSS_TITLE = "loss"
 LR_TITLE = "learning rate"
 
 Points = list[tuple[int, float]]
-
-
-def _is_lr(name: str) -> bool:
-    return name == "lr" or name.startswith("lr_group_")
-
-
-def _check_path(path: str | os.PathLike) -> Path:
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise ValueError(
-            f"PlotRunCallback(path={str(path)!r}): the plot is a PNG file; give a path ending in '.png'."
-        )
-    for parent in target.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(
-                f"PlotRunCallback(path={str(path)!r}): {str(parent)!r} is a file, so the plot cannot be "
-                f"written under it; choose a path in a folder."
-            )
-    return target
 
 
 class PlotRunCallback(TrainerCallback):
@@ -108,7 +89,17 @@ class PlotRunCallback(TrainerCallback):
                 "pip install 'pytorch-accelerated[plots]'  (or pip install matplotlib)."
             ) from error
         check_flag(every_epoch, "PlotRunCallback: every_epoch")
-        self.path = _check_path(path)
+        self.path = Path(path)
+        if self.path.suffix.lower() != ".png":
+            raise ValueError(
+                f"PlotRunCallback(path={str(path)!r}): the plot is a PNG file; give a path ending in '.png'."
+            )
+        for parent in self.path.parents:
+            if parent.exists() and not parent.is_dir():
+                raise ValueError(
+                    f"PlotRunCallback(path={str(path)!r}): {str(parent)!r} is a file, so the plot cannot be "
+                    f"written under it; choose a path in a folder."
+                )
         self.every_epoch = every_epoch
         self.dpi = check_whole_number(dpi, "dpi", owner="PlotRunCallback")
         self.columns = check_whole_number(columns, "columns", owner="PlotRunCallback")
@@ -178,17 +169,18 @@ class PlotRunCallback(TrainerCallback):
         panels = {
             LOSS_TITLE: _drawn({label: series[kind].pop(name, []) for name, kind, label in LOSS_CURVES})
         }
-        learning_rates = _drawn(
-            {name: series["step"].pop(name) for name in sorted(series["step"]) if _is_lr(name)}
-        )
-        if learning_rates:
-            panels[LR_TITLE] = learning_rates
-        for name in sorted(set(series["epoch"]) | set(series["step"])):
-            curves = _drawn(
-                {f"{name} (epoch)": series["epoch"].get(name, []), name: series["step"].get(name, [])}
-            )
-            if curves:
-                panels[name] = curves
+        learning_rates = {
+            name: series["step"].pop(name)
+            for name in sorted(series["step"])
+            if name == "lr" or name.startswith("lr_group_")
+        }
+        others = [
+            (name, {f"{name} (epoch)": series["epoch"].get(name, []), name: series["step"].get(name, [])})
+            for name in sorted(set(series["epoch"]) | set(series["step"]))
+        ]
+        for title, curves in [(LR_TITLE, learning_rates), *others]:
+            if drawn := _drawn(curves):
+                panels[title] = drawn
         return panels
 
     def _epoch_points(self, trainer: Trainer, name: str) -> Points:
@@ -243,7 +235,7 @@ class PlotRunCallback(TrainerCallback):
                 stacklevel=2,
             )
 
-    def _draw(self, panels: Mapping[str, Mapping[str, Points]], epoch_ends: Iterable[int]) -> Figure:
+    def _draw(self, panels: Mapping[str, Mapping[str, Points]], epoch_ends: list[int]) -> Figure:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -251,9 +243,8 @@ class PlotRunCallback(TrainerCallback):
         rows = math.ceil(len(panels) / columns)
         figure = Figure(figsize=(5.0 * columns, 3.4 * rows), layout="constrained")
         FigureCanvasAgg(figure)  # attaches itself: no pyplot, no global backend
-        ends = list(epoch_ends)
         for index, (title, curves) in enumerate(panels.items()):
-            _draw_panel(figure.add_subplot(rows, columns, index + 1), title, curves, ends)
+            _draw_panel(figure.add_subplot(rows, columns, index + 1), title, curves, epoch_ends)
         return figure
 
 

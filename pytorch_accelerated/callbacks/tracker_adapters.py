@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,10 @@ class _ResumedLog:
     written_steps: dict[str, int] | None = None
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        values = not_written_yet(values, step, self.written_steps)
+        if step is not None and self.written_steps:  # MLflow and W&B cannot delete points
+            values = {
+                name: value for name, value in values.items() if step > self.written_steps.get(name, -1)
+            }
         if values:
             super().log(values, step=step, **kwargs)  # type: ignore[misc]
 
@@ -112,9 +114,8 @@ class ResumableWandBTracker(_ResumedLog, WandBTracker):
         directory = self.init_kwargs.get("dir")
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
-        run_id = self.init_kwargs.get("id")
         if (
-            run_id is not None
+            (run_id := self.init_kwargs.get("id")) is not None
             and directory is not None
             and self.init_kwargs.get("mode", os.environ.get("WANDB_MODE")) == "offline"
         ):
@@ -155,15 +156,3 @@ def wandb_written_steps(directory: Path, run_id: str) -> dict[str, int]:
                 if not name.startswith("_"):
                     written[name] = max(written.get(name, -1), step)
     return written
-
-
-def not_written_yet(
-    values: dict[str, Any], step: int | None, written_steps: Mapping[str, int] | None
-) -> dict[str, Any]:
-    """``values`` without those a resumed tracker's run already holds at ``step`` (or later):
-    MLflow and W&B cannot delete points, so a resumed run does not log them twice."""
-    return (
-        values
-        if step is None or not written_steps
-        else {name: value for name, value in values.items() if step > written_steps.get(name, -1)}
-    )

@@ -55,19 +55,20 @@ def check_tracker(tracker: Any) -> None:
 
 
 def create_tracker(
-    name: str, run_name: str, logging_dir: str, init_kwargs: dict[str, Any], resume: dict[str, Any] | None
+    name: str,
+    run_name: str,
+    logging_dir: str,
+    init_kwargs: dict[str, Any],
+    step: int | None = None,
+    saved: dict[str, Any] | None = None,
 ) -> GeneralTracker:
-    """Create (not start) the tracker ``name``; ``resume`` holds the step resumed at and the
-    tracker's saved state (e.g. its run id) when continuing a run."""
-    kwargs = dict(init_kwargs)
-    step = resume["step"] if resume is not None else None
-    saved = resume["state"] if resume is not None else {}
+    """Create (not start) the tracker ``name``; when continuing a run, ``step`` is the step
+    resumed at and ``saved`` the tracker's saved state (e.g. its run id)."""
+    kwargs, saved = dict(init_kwargs), saved or {}
     if name == "csv":
         return CSVTracker(run_name, logging_dir, resume_step=step)
-    if name == "tensorboard":
-        if step is not None:
-            kwargs.setdefault("purge_step", step)  # drop what the interrupted run logged from there on
-        return LOGGER_TYPE_TO_CLASS[name](run_name, logging_dir, **kwargs)
+    if name == "tensorboard" and step is not None:
+        kwargs.setdefault("purge_step", step)  # drop what the interrupted run logged from there on
     if name == "mlflow":
         if saved.get("run_id"):
             kwargs["run_id"] = saved["run_id"]
@@ -85,21 +86,17 @@ def create_tracker(
 
 def tracker_state(tracker: GeneralTracker) -> dict[str, Any]:
     """What a resumed run needs to continue ``tracker``'s run (its run id), as plain values."""
-    if tracker.name == "mlflow":
-        active = getattr(tracker, "active_run", None)
-        return {"run_id": active.info.run_id} if active is not None else {}
-    if tracker.name == "wandb":
-        run = getattr(tracker, "run", None)
-        return {"id": run.id} if run is not None else {}
+    if tracker.name == "mlflow" and (active := getattr(tracker, "active_run", None)) is not None:
+        return {"run_id": active.info.run_id}
+    if tracker.name == "wandb" and (run := getattr(tracker, "run", None)) is not None:
+        return {"id": run.id}
     return {}
 
 
 def flush_tracker(tracker: GeneralTracker) -> None:
     """Make what ``tracker`` was given durable (before a training state is published)."""
-    own_flush = getattr(tracker, "flush", None)
-    if callable(own_flush):
-        own_flush()
-        return
-    inner = getattr(tracker, "tracker", None)
-    if inner is not None and callable(getattr(inner, "flush", None)):
-        inner.flush()  # e.g. TensorBoard's SummaryWriter
+    # Its own flush, else that of the object it wraps (e.g. TensorBoard's SummaryWriter).
+    for target in (tracker, getattr(tracker, "tracker", None) or tracker):
+        if callable(getattr(target, "flush", None)):
+            target.flush()
+            return

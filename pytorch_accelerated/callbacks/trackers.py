@@ -140,8 +140,11 @@ class TrackingCallback(TrainerCallback):
         self._epoch_points = []
         self._started = False
         if trainer.run_state.pending_resume is None:  # a resumed run starts them in load_state_dict
-            self._start_trackers(trainer, resume=None)
-            self._log_hyperparameters(trainer)
+            self._start_trackers(trainer)
+            config = trainer.run_config.to_dict() if trainer.run_config is not None else {}
+            values = flat_hyperparameters({**config, **self.hyperparameters})
+            for tracker in self.trackers:
+                tracker.store_init_configuration(values)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         trainer = self._trainer
@@ -152,7 +155,7 @@ class TrackingCallback(TrainerCallback):
         self._epoch_points = [
             (point_step, dict(values)) for point_step, values in state.get("epoch_points", [])
         ]
-        self._start_trackers(trainer, resume={"step": step, "states": state.get("trackers", [])})
+        self._start_trackers(trainer, step, state.get("trackers", []))
         last = state.get("last_points", {"step": None, "values": {}})
         if last.get("step") == step and last.get("values"):
             self._log(last["values"], step, removed_only=True)  # the saved step's own points
@@ -168,13 +171,15 @@ class TrackingCallback(TrainerCallback):
         ]
         if not missing:
             return
-        points: dict[int, dict[str, Any]] = {}
         history = trainer.run_history
-        for name in history.get_step_metric_names():
-            for point_step, value in history.get_step_metric_values(name):
-                if point_step <= step and every(self.log_every_n_steps, point_step):
-                    points.setdefault(point_step, {})[name] = value
-        for point_step, values in self._epoch_points:
+        step_points = [
+            (point_step, {name: value})
+            for name in history.get_step_metric_names()
+            for point_step, value in history.get_step_metric_values(name)
+            if every(self.log_every_n_steps, point_step)
+        ]
+        points: dict[int, dict[str, Any]] = {}
+        for point_step, values in [*step_points, *self._epoch_points]:
             if point_step <= step:
                 points.setdefault(point_step, {}).update(values)
         for point_step in sorted(points):  # in step order: W&B takes steps that only grow
@@ -182,29 +187,28 @@ class TrackingCallback(TrainerCallback):
             for tracker in missing:
                 tracker.log(values, step=point_step)
 
-    def _start_trackers(self, trainer: Trainer, resume: dict[str, Any] | None) -> None:
+    def _start_trackers(
+        self, trainer: Trainer, resume_step: int | None = None, states: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Create and start the trackers; on resume, at ``resume_step`` with their saved ``states``."""
         self.trackers, self._started = [], True
         if not trainer.is_world_process_zero:
             return
         for index, spec in enumerate(self.tracker_specs):
-            if isinstance(spec, GeneralTracker):
-                tracker = spec
-            else:
-                saved = (
-                    resume["states"][index] if resume is not None and index < len(resume["states"]) else {}
+            tracker = (
+                spec
+                if isinstance(spec, GeneralTracker)
+                else create_tracker(
+                    spec,
+                    self.run_name,
+                    self.logging_dir,
+                    self.init_kwargs.get(spec, {}),
+                    resume_step,
+                    states[index] if states is not None and index < len(states) else None,
                 )
-                tracker_resume = {"step": resume["step"], "state": saved} if resume is not None else None
-                tracker = create_tracker(
-                    spec, self.run_name, self.logging_dir, self.init_kwargs.get(spec, {}), tracker_resume
-                )
+            )
             tracker.start()
             self.trackers.append(tracker)
-
-    def _log_hyperparameters(self, trainer: Trainer) -> None:
-        config = trainer.run_config.to_dict() if trainer.run_config is not None else {}
-        values = flat_hyperparameters({**config, **self.hyperparameters})
-        for tracker in self.trackers:
-            tracker.store_init_configuration(values)
 
     # ------------------------------------------------------------------ logging
 
@@ -215,13 +219,10 @@ class TrackingCallback(TrainerCallback):
             self._log(metrics, step)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._log_epoch_metrics(trainer)
-
-    def _log_epoch_metrics(self, trainer: Trainer) -> None:
-        history = trainer.run_history
+        """Log the epoch-level metrics recorded since the last call."""
         counts = trainer.run_history.metric_counts()
         new = {
-            name: history.get_latest_metric(name)
+            name: trainer.run_history.get_latest_metric(name)
             for name, count in counts.items()
             if count > self._logged_counts.get(name, 0)
         }
@@ -232,32 +233,25 @@ class TrackingCallback(TrainerCallback):
                 (trainer.progress.global_step, {name: number(name, value) for name, value in new.items()})
             )
 
-    def _start_if_state_had_none(self) -> None:
-        """Start the trackers of a run resumed from a state saved without this callback (no
-        ``load_state_dict`` call): as a resume at the current step, with no saved run ids."""
-        trainer = self._trainer
-        if trainer is not None and not self._started:
-            self._start_trackers(trainer, resume={"step": trainer.progress.global_step, "states": []})
-
     def _log(self, metrics: Mapping[str, Any], step: int, removed_only: bool = False) -> None:
-        self._start_if_state_had_none()
+        if self._trainer is not None and not self._started:
+            # A run resumed from a state saved without this callback (no ``load_state_dict``
+            # call): start the trackers as a resume at the current step, with no saved run ids.
+            self._start_trackers(self._trainer, self._trainer.progress.global_step)
         values = {name: number(name, value) for name, value in metrics.items()}
         if not removed_only:
-            same_step = self._last_points.get("step") == step
-            self._last_points = {
-                "step": step,
-                "values": {**(self._last_points["values"] if same_step else {}), **values},
-            }
+            earlier = self._last_points["values"] if self._last_points.get("step") == step else {}
+            self._last_points = {"step": step, "values": {**earlier, **values}}
+        # MLflow and W&B keep what the interrupted run logged at the step of removed_only points.
         for tracker in self.trackers:
-            if removed_only and tracker.name not in ("csv", "tensorboard"):
-                continue  # MLflow and W&B keep what the interrupted run logged at this step
-            tracker.log(values, step=step)
+            if not removed_only or tracker.name in ("csv", "tensorboard"):
+                tracker.log(values, step=step)
 
     def state_dict(self) -> dict[str, Any]:
         """Called on the main process while a training state is written: log what is pending
         and flush every tracker first, so the state is published after its points."""
         if self._trainer is not None:
-            self._log_epoch_metrics(self._trainer)
+            self.on_training_run_epoch_end(self._trainer)
         for tracker in self.trackers:
             flush_tracker(tracker)
         return {
@@ -270,12 +264,6 @@ class TrackingCallback(TrainerCallback):
     # ------------------------------------------------------------------ every way a run ends
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self._finish()
-
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self._finish()
-
-    def _finish(self) -> None:
         """Finish every tracker, even when one of them fails (the first error is raised after)."""
         trackers, self.trackers = self.trackers, []
         errors = []
@@ -286,3 +274,6 @@ class TrackingCallback(TrainerCallback):
                 errors.append(error)
         if errors:
             raise errors[0]
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self.on_training_run_end(trainer)

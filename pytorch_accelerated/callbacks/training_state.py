@@ -207,12 +207,8 @@ class SaveTrainingStateCallback(TrainerCallback):
             return self.signal_received
         if count is not None and not every(self.check_signals_every_n_steps, count):
             return None
-        received = [
-            int(signum)
-            for (signum,) in per_process(trainer.accelerator, [self.signal_received or 0])
-            if signum
-        ]
-        return received[0] if received else None
+        received = per_process(trainer.accelerator, [self.signal_received or 0])
+        return next((int(signum) for (signum,) in received if signum), None)
 
     def _stop_on(self, trainer: Trainer, signum: int | None, directory_name: str | None = None) -> None:
         """On a signal (``signum`` not None): save the state here (unless it just was) and end the
@@ -256,16 +252,18 @@ class SaveTrainingStateCallback(TrainerCallback):
         # An evaluation batch boundary is a safe point, when training is at an update boundary
         # (an intermediate evaluation inside an accumulation window waits for the update).
         self._eval_batches += 1
-        if self._previous_handlers and self._at_update_boundary(trainer):
+        config = trainer.run_config
+        # At an update boundary, or the epoch's training is done (its last window, however short,
+        # ended with an update).
+        if (
+            self._previous_handlers
+            and config is not None
+            and (
+                trainer.progress.batch_index % config.gradient_accumulation_steps == 0
+                or trainer.run_state.epoch_trained
+            )
+        ):
             self._stop_on(trainer, self._agreed_signal(trainer, self._eval_batches))
-
-    @staticmethod
-    def _at_update_boundary(trainer: Trainer) -> bool:
-        config, index = trainer.run_config, trainer.progress.batch_index
-        # The epoch's training is done (its last window, however short, ended with an update).
-        return config is not None and (
-            index % config.gradient_accumulation_steps == 0 or trainer.run_state.epoch_trained
-        )
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         epoch = trainer.run_history.current_epoch
@@ -279,52 +277,45 @@ class SaveTrainingStateCallback(TrainerCallback):
         self, trainer: Trainer, name: str | None = None, at_end: bool = False, asynchronous: bool = False
     ) -> Path | None:
         """Save a state named ``name`` (default ``step_{N}``) at the current position, unless
-        one was saved there already (under this name, or under any name when ``name`` is None);
-        return its directory, or None when none was written (a non-finite state at the end)."""
-        position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
-        if position == self._saved_at and self._saved_dir is not None:
-            if name is None or self._saved_dir.name == name:
-                return self._saved_dir
-        directory = self.save_dir / (name or _step_name(trainer))
-        if self._watchdog is not None:  # a save's barriers may take long: not a hang
-            self._watchdog.pause()
-        try:
-            written = self._save(trainer, directory, at_end=at_end, asynchronous=asynchronous)
-        finally:
-            if self._watchdog is not None:
-                self._watchdog.resume()
-        if not written:  # a non-finite state at the end of the run (that was printed)
-            return None
-        self._saved_at, self._saved_dir = position, directory
-        return directory
-
-    def _save(
-        self, trainer: Trainer, directory: Path, at_end: bool = False, asynchronous: bool = False
-    ) -> bool:
-        """Save a state, then delete the oldest beyond ``max_checkpoints``; return whether it
-        was written (or, ``asynchronous``, is being written).
+        one was saved there already (under this name, or under any name when ``name`` is None),
+        then delete the oldest beyond ``max_checkpoints``; return its directory (``asynchronous``:
+        being written), or None when none was written.
 
         A state with NaN or infinity is not written (:class:`NonFiniteStateError`, which stops a
         run); at the end of the run, when it is stopping anyway, that is only printed, so the
         other end hooks still run. Rotation counts published states only, so a state still
         being written in the background is neither counted nor deleted.
         """
+        position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
+        if (
+            position == self._saved_at
+            and self._saved_dir is not None
+            and name in (None, self._saved_dir.name)
+        ):
+            return self._saved_dir
+        directory = self.save_dir / (name or _step_name(trainer))
         # Passed only when asked for, so that an override of the 0.1.61 signature still works.
         options = {"asynchronous": True} if asynchronous else {}
+        if self._watchdog is not None:  # a save's barriers may take long: not a hang
+            self._watchdog.pause()
         try:
             trainer.save_training_state(
                 directory,
                 checkpoint_kwargs={"global_step": trainer.run_state.run_step(trainer.progress)},
                 **options,
             )
+            self._last_saved_step = trainer.progress.global_step
+            self._rotate(trainer, directory)
         except NonFiniteStateError as error:
             if not at_end:
                 raise
             trainer.print(str(error))
-            return False
-        self._last_saved_step = trainer.progress.global_step
-        self._rotate(trainer, directory)
-        return True
+            return None
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.resume()
+        self._saved_at, self._saved_dir = position, directory
+        return directory
 
     def _rotate(self, trainer: Trainer, just_saved: Path | None) -> None:
         if self.max_checkpoints is not None and writes_shared_files(trainer.accelerator):  # on each machine

@@ -133,9 +133,20 @@ class WSDCheckpointCallback(TrainerCallback):
             )
             return
         if path.is_dir():
-            saved = list(self.saved_checkpoints)
-            loaded = _load_state_keeping_position(trainer, path)  # restores this callback's state too
+            # Load the weights, optimizer, scheduler, callback (this one's too) and RNG states while
+            # the run keeps its own position, history, epoch loss and list of saves: it starts afresh.
+            saved, position, run_state, history = (
+                list(self.saved_checkpoints),
+                trainer.progress.state_dict(),
+                trainer.run_state.state_dict(),
+                trainer.run_history.state_dict(),
+            )
+            loaded = dict(trainer.load_training_state(path))
             self.saved_checkpoints = saved
+            trainer.progress.load_state_dict(position)
+            trainer.run_state.load_state_dict(run_state)
+            trainer.run_state.train_loss.reset()
+            trainer.run_history.load_state_dict(history)
         else:
             loaded = trainer.load_checkpoint(
                 path,
@@ -241,19 +252,3 @@ def _decay_info(scheduler: Any, checkpoint_steps: list[int]) -> list[dict[str, i
         {"period_start": begin, "period_end": end, "decay_steps": end - start, "pre_decay_step": start}
         for begin, end, start in zip([0, *checkpoint_steps[:-1]], checkpoint_steps, starts, strict=True)
     ]
-
-
-def _load_state_keeping_position(trainer: Trainer, directory: Path) -> dict[str, Any]:
-    """Load the training state ``directory`` (weights, optimizer, scheduler, callback and RNG
-    states) while the run keeps its own position, history and epoch loss: it starts afresh."""
-    position, run_state, history = (
-        trainer.progress.state_dict(),
-        trainer.run_state.state_dict(),
-        trainer.run_history.state_dict(),
-    )
-    loaded = trainer.load_training_state(directory)
-    trainer.progress.load_state_dict(position)
-    trainer.run_state.load_state_dict(run_state)
-    trainer.run_state.train_loss.reset()
-    trainer.run_history.load_state_dict(history)
-    return dict(loaded)

@@ -217,8 +217,12 @@ def _check_field(group: dict[str, Any], index: int, field: str) -> None:
             f"its keys are {keys}. Pass one of these, e.g. 'lr' or 'weight_decay'."
         )
     value = group[field]
-    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not (is_number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+    if not (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        or isinstance(value, torch.Tensor)
+        and value.numel() == 1
+    ):
         raise TypeError(
             f"param_group_field={field!r} holds {value!r} in optimizer param group {index}, which "
             "is not a number; only numeric fields such as 'lr' or 'weight_decay' can be scheduled."

@@ -97,8 +97,10 @@ class CosineLrScheduler(StatefulSchedulerBase):
         warmup_starting_lr_ratio: float | None = None,
         num_cooldown_epochs: int = 0,
     ) -> None:
-        total_num_epochs = check_int("total_num_epochs", total_num_epochs, minimum=1)
-        steps_per_epoch = check_int("num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1)
+        self.total_num_epochs = total_num_epochs = check_int("total_num_epochs", total_num_epochs, minimum=1)
+        self.num_update_steps_per_epoch = steps_per_epoch = check_int(
+            "num_update_steps_per_epoch", num_update_steps_per_epoch, minimum=1
+        )
         num_warmup_epochs = check_int("num_warmup_epochs", num_warmup_epochs, minimum=0)
         num_cooldown_epochs = check_int("num_cooldown_epochs", num_cooldown_epochs, minimum=0)
         if num_warmup_epochs + num_cooldown_epochs >= total_num_epochs:
@@ -107,13 +109,9 @@ class CosineLrScheduler(StatefulSchedulerBase):
                 f"{num_cooldown_epochs} must be less than total_num_epochs={total_num_epochs}, "
                 "leaving at least one epoch to decay in; shorten the warm-up or the cool-down."
             )
-        k_decay = check_non_negative("k_decay", k_decay)
-        if k_decay == 0:
+        self.k_decay = check_non_negative("k_decay", k_decay)
+        if self.k_decay == 0:
             raise ValueError("k_decay must be > 0, got 0; pass 1.0 for plain cosine annealing.")
-
-        self.total_num_epochs = total_num_epochs
-        self.num_update_steps_per_epoch = steps_per_epoch
-        self.k_decay = k_decay
         self.lr_min = check_non_negative("lr_min", lr_min)
         self.min_lr_ratio = _optional_ratio("min_lr_ratio", min_lr_ratio)
         self.warmup_starting_lr = check_non_negative("warmup_starting_lr", warmup_starting_lr)
@@ -161,9 +159,13 @@ class CosineLrScheduler(StatefulSchedulerBase):
 
     def _value(self, t: int, lr_max: float) -> float:
         if t < self.num_warmup_steps:
-            lr_start = self._ratio_or(self.warmup_starting_lr_ratio, lr_max, self.warmup_starting_lr)
+            lr_start = (
+                lr_max * self.warmup_starting_lr_ratio
+                if self.warmup_starting_lr_ratio is not None
+                else self.warmup_starting_lr
+            )
             return lr_start + (lr_max - lr_start) * t / self.num_warmup_steps
-        lr_min = self._ratio_or(self.min_lr_ratio, lr_max, self.lr_min)
+        lr_min = lr_max * self.min_lr_ratio if self.min_lr_ratio is not None else self.lr_min
         t_decay = t - self.num_warmup_steps
         # Return lr_min itself at and after the end of the decay, so the run ends on it exactly.
         if t_decay >= self.num_decay_steps:
@@ -171,10 +173,6 @@ class CosineLrScheduler(StatefulSchedulerBase):
         return lr_min + (lr_max - lr_min) * 0.5 * (
             1 + math.cos(math.pi * ((t_decay / self.num_decay_steps) ** self.k_decay))
         )
-
-    @staticmethod
-    def _ratio_or(ratio: float | None, lr_max: float, value: float) -> float:
-        return lr_max * ratio if ratio is not None else value
 
     @classmethod
     def create_scheduler_fn(

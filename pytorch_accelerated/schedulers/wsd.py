@@ -144,8 +144,10 @@ class WSDLrScheduler(StatefulSchedulerBase):
 
     def _period_index(self, t: int) -> int:
         """The first period whose end is at or after ``t``; the last one beyond the run."""
-        ends = [info["period_end"] for info in self.checkpoint_decay_info]
-        return next((index for index, end in enumerate(ends) if end >= t), len(ends) - 1)
+        return next(
+            (index for index, info in enumerate(self.checkpoint_decay_info) if info["period_end"] >= t),
+            len(self.checkpoint_decay_info) - 1,
+        )
 
     # ------------------------------------------------------------------ introspection
 
@@ -172,8 +174,14 @@ class WSDLrScheduler(StatefulSchedulerBase):
     @property
     def previous_checkpoint_step(self) -> int | None:
         """None until the first decay starts, then the ``pre_decay_step - 1`` of the latest one."""
-        started = [info for info in self.checkpoint_decay_info if self._num_updates >= info["pre_decay_step"]]
-        return started[-1]["pre_decay_step"] - 1 if started else None
+        return next(
+            (
+                info["pre_decay_step"] - 1
+                for info in reversed(self.checkpoint_decay_info)
+                if self._num_updates >= info["pre_decay_step"]
+            ),
+            None,
+        )
 
     def get_phase_info(self, num_updates: int) -> dict[str, Any]:
         """Describe the period that ``num_updates`` completed updates are in.
@@ -193,20 +201,20 @@ class WSDLrScheduler(StatefulSchedulerBase):
         """
         step = check_int("step", num_updates, minimum=0)
         index = self._period_index(step)
-        info: dict[str, Any] = dict(self.checkpoint_decay_info[index])
+        info = self.checkpoint_decay_info[index]
         phase = (
             "warmup" if step < self._warmup_end else "decay" if step > info["pre_decay_step"] else "stable"
         )
-        info.update(
-            phase=phase,
-            checkpoint_index=index,
-            checkpoint_step=info["period_end"],
-            steps_until_checkpoint=max(0, info["period_end"] - step),
-            decay_start_step=info["pre_decay_step"],
-            is_decay_phase=phase == "decay",
-            is_checkpoint_step=step == info["period_end"],
-        )
-        return info
+        return {
+            **info,
+            "phase": phase,
+            "checkpoint_index": index,
+            "checkpoint_step": info["period_end"],
+            "steps_until_checkpoint": max(0, info["period_end"] - step),
+            "decay_start_step": info["pre_decay_step"],
+            "is_decay_phase": phase == "decay",
+            "is_checkpoint_step": step == info["period_end"],
+        }
 
     # ------------------------------------------------------------------ state
 
@@ -280,10 +288,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
             ValueError: If a value is given under both its names, or ``total_steps`` with an
                 epoch count or a number of updates per epoch.
         """
-        length = _run_length(total_num_epochs, num_update_steps_per_epoch, num_epochs, total_steps)
         return functools.partial(
             cls,
-            **length,
+            **_run_length(total_num_epochs, num_update_steps_per_epoch, num_epochs, total_steps),
             num_warmup_steps=_warmup_steps(num_warmup_epochs, num_warmup_steps, num_update_steps_per_epoch),
             decay_phase_ratio=decay_phase_ratio,
             lr_min=lr_min,
@@ -326,18 +333,11 @@ def estimate_checkpoint_steps(total_steps: int, num_checkpoints: int = 3) -> lis
 
 def _decay_info(checkpoint_steps: list[int], ratio: float) -> list[dict[str, int]]:
     """One entry per period: it starts at the previous checkpoint and decays for its last part."""
-    periods = []
-    for start, end in zip([0, *checkpoint_steps], checkpoint_steps, strict=False):
-        decay_steps = max(1, int(ratio * (end - start)))
-        periods.append(
-            {
-                "period_start": start,
-                "period_end": end,
-                "decay_steps": decay_steps,
-                "pre_decay_step": end - decay_steps,
-            }
-        )
-    return periods
+    periods = zip([0, *checkpoint_steps], checkpoint_steps, strict=False)
+    return [
+        {"period_start": start, "period_end": end, "decay_steps": decay, "pre_decay_step": end - decay}
+        for start, end, decay in ((start, end, max(1, int(ratio * (end - start)))) for start, end in periods)
+    ]
 
 
 def _decayed(peak: float, ratio: float, progress: float, use_inverse_sqrt_decay: bool) -> float:
@@ -381,9 +381,8 @@ def _warmup_steps(num_warmup_epochs: Any, num_warmup_steps: Any, steps_per_epoch
         )
     if num_warmup_epochs is None:
         return num_warmup_steps
-    if is_placeholder(steps_per_epoch):
-        return (steps_per_epoch * num_warmup_epochs).as_int()
-    return int(steps_per_epoch * num_warmup_epochs)
+    warmup = steps_per_epoch * num_warmup_epochs
+    return warmup.as_int() if is_placeholder(steps_per_epoch) else int(warmup)
 
 
 def _warmup_or_one_percent(num_warmup_steps: Any, total_steps: int) -> int:
