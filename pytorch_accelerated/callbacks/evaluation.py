@@ -103,4 +103,4 @@ class LimitEvalStepsCallback(TrainerCallback):
     on_training_run_end = on_evaluation_run_end = on_eval_epoch_end
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self.on_eval_epoch_end(trainer)
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)  # (not through an overridable event)

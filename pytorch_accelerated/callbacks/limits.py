@@ -78,11 +78,15 @@ class LimitBatchesCallback(TrainerCallback):
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         # A StopTrainingError skips the epoch-end events: restore the loaders here as well.
-        trainer.train_dataloader = unlimit(trainer.train_dataloader)
-        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
+        self._restore(trainer)
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self.on_training_run_end(trainer)
+        self._restore(trainer)
+
+    @staticmethod
+    def _restore(trainer: Trainer) -> None:  # (not through an event, which a subclass may override)
+        trainer.train_dataloader = unlimit(trainer.train_dataloader)
+        trainer.eval_dataloader = unlimit(trainer.eval_dataloader)
 
 
 def limit_batches_callback_from_env() -> LimitBatchesCallback | None:

@@ -219,7 +219,11 @@ class TrackingCallback(TrainerCallback):
             self._log(metrics, step)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log the epoch-level metrics recorded since the last call."""
+        self._log_epoch_metrics(trainer)
+
+    def _log_epoch_metrics(self, trainer: Trainer) -> None:
+        """Log the epoch-level metrics recorded since the last call (not through the event, which a
+        subclass may override: a state save calls this too)."""
         counts = trainer.run_history.metric_counts()
         new = {
             name: trainer.run_history.get_latest_metric(name)
@@ -251,7 +255,7 @@ class TrackingCallback(TrainerCallback):
         """Called on the main process while a training state is written: log what is pending
         and flush every tracker first, so the state is published after its points."""
         if self._trainer is not None:
-            self.on_training_run_epoch_end(self._trainer)
+            self._log_epoch_metrics(self._trainer)
         for tracker in self.trackers:
             flush_tracker(tracker)
         return {
@@ -264,6 +268,12 @@ class TrackingCallback(TrainerCallback):
     # ------------------------------------------------------------------ every way a run ends
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._finish()
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
         """Finish every tracker, even when one of them fails (the first error is raised after)."""
         trackers, self.trackers = self.trackers, []
         errors = []
@@ -274,6 +284,3 @@ class TrackingCallback(TrainerCallback):
                 errors.append(error)
         if errors:
             raise errors[0]
-
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        self.on_training_run_end(trainer)
