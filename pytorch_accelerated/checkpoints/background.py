@@ -65,10 +65,13 @@ def _copy_tensor(
     key = (storage.data_ptr(), str(storage.device), storage.nbytes())
     if key not in storages:
         buffer = buffers.get(key)
-        if buffer is not None:
-            storages[key] = buffer.copy_(storage)
-        else:
-            storages[key] = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+        storages[key] = (
+            buffer.copy_(storage)
+            if buffer is not None
+            else storage.clone()
+            if storage.device.type == "cpu"
+            else storage.cpu()
+        )
     return torch.empty(0, dtype=tensor.dtype).set_(
         storages[key], tensor.storage_offset(), tensor.size(), tensor.stride()
     )

@@ -122,9 +122,9 @@ def write_failure(error: BaseException, path: Path, doing: str = "writing") -> B
     os_error = find_in_chain(error, OSError)
     if os_error is None:  # not a failure of the file system (e.g. an object that cannot be pickled)
         return error
-    reason = os_error.strerror or str(os_error)
-    if os_error.errno is not None:
-        reason += f" (errno {os_error.errno})"
+    reason = (os_error.strerror or str(os_error)) + (
+        f" (errno {os_error.errno})" if os_error.errno is not None else ""
+    )
     where = os_error.filename if doing != "writing" and os_error.filename else path
     return CheckpointWriteError(os_error.errno, f"{reason} while {doing} {where}", path)
 
@@ -252,10 +252,8 @@ class Checksum:
 def recorded_checksum(path: str | os.PathLike, fix: str) -> Checksum | None:
     """The checksum that :func:`atomic_torch_save` wrote beside ``path`` (None: none there, e.g. a
     file written by an older version or by ``torch.save``)."""
-    if not Path(path).is_file():  # safe_torch_load says what it is
-        return None
     sidecar = checksum_file(Path(path))
-    if not sidecar.is_file():
+    if not (Path(path).is_file() and sidecar.is_file()):  # no file: safe_torch_load says what it is
         return None
     text = sidecar.read_bytes()
     # A damaged checksum file (-1) is reported as a mismatch that names it.
@@ -331,19 +329,23 @@ def safe_torch_load(
             otherwise is dangerous).
     """
     path = Path(path)
-    _check_is_a_file(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"{path} is a directory, not a checkpoint file (to load a training state directory, use "
+            f"load_training_state or train(resume_from=...))."
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint file at {str(path)!r}.")
+    if path.stat().st_size == 0:
+        raise CheckpointFileError(f"{path} is empty (0 bytes). {_BAD_FILE_HINT}")
     with checked(path, checksum):
-        return _load(path, map_location)
-
-
-def _load(path: Path, map_location: Any) -> Any:
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:
-        failure = _load_failure(path, error)
-    # Raised here, outside the handler, so that torch's error (whose advice is to load with
-    # weights_only=False) is neither the cause nor the context: its reason is in the message.
-    raise failure
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as error:
+            failure = _load_failure(path, error)
+        # Raised here, outside the handler, so that torch's error (whose advice is to load with
+        # weights_only=False) is neither the cause nor the context: its reason is in the message.
+        raise failure
 
 
 def _load_failure(path: Path, error: Exception) -> Exception:
@@ -365,18 +367,6 @@ _BAD_FILE_HINT = (
     "Its save may have been interrupted, or the file damaged: use another checkpoint, or save it again."
 )
 _OTHER_FORMAT_HINT = "Check the path: pass a file written by save_checkpoint (or torch.save)."
-
-
-def _check_is_a_file(path: Path) -> None:
-    if path.is_dir():
-        raise IsADirectoryError(
-            f"{path} is a directory, not a checkpoint file (to load a training state directory, use "
-            f"load_training_state or train(resume_from=...))."
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint file at {str(path)!r}.")
-    if path.stat().st_size == 0:
-        raise CheckpointFileError(f"{path} is empty (0 bytes). {_BAD_FILE_HINT}")
 
 
 def describe_bad_file(path: Path) -> str | None:
@@ -435,11 +425,9 @@ def _other_format(head: bytes) -> str:
     except UnicodeDecodeError:
         return "its contents are not those of any known format"
     if text[:1] in ("{", "["):
-        try:
+        with contextlib.suppress(ValueError):
             json.loads(text)
             return "it is a JSON file"
-        except ValueError:
-            pass
     if all(char.isprintable() or char in "\n\r\t" for char in text):
         return "it is a text file"
     return "its contents are not those of any known format"
@@ -459,10 +447,10 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
 
 def torch_load_reason(error: BaseException) -> str:
     """Torch's own reason for a failed load, without its generic advice about weights_only."""
-    paragraphs = [part.strip() for part in str(error).split("\n\n") if part.strip()]
+    paragraphs = (part.strip() for part in str(error).split("\n\n"))
     reasons = [
         part
         for part in paragraphs
-        if "weights_only" not in part and not part.startswith("Check the documentation")
+        if part and "weights_only" not in part and not part.startswith("Check the documentation")
     ]
     return " ".join(" ".join(reasons).split()).rstrip(".") or type(error).__name__

@@ -129,19 +129,22 @@ class PlainLayout(StateLayout):
         """What this process writes, by file name: its RNG states and share of the epoch's loss;
         with ``shared`` (the writing process: ``weights``' files), also those, the objects saved
         whole and ``trainer_state.pt``."""
-        own = {
-            "rng": capture_rng_states(),
-            **objects.run_state.process_state_dict(position["batch_index"] > 0),
+        contents: dict[str, Any] = {
+            f"rng_state_{objects.accelerator.process_index}.pt": {
+                "rng": capture_rng_states(),
+                **objects.run_state.process_state_dict(position["batch_index"] > 0),
+            }
         }
-        contents: dict[str, Any] = {f"rng_state_{objects.accelerator.process_index}.pt": own}
         if shared is not None:
-            contents.update(shared)
-            contents.update(
-                (name, obj.state_dict())
-                for name, obj in objects.stateful().items()
-                if obj is not None and name not in self.replaced_files
-            )
-            contents["trainer_state.pt"] = trainer_state(objects, position, extra)
+            contents |= {
+                **shared,
+                **{
+                    name: obj.state_dict()
+                    for name, obj in objects.stateful().items()
+                    if obj is not None and name not in self.replaced_files
+                },
+                "trainer_state.pt": trainer_state(objects, position, extra),
+            }
         return contents
 
     def write_collectively(self, objects: TrainingObjects, temporary: Path, save: CollectiveSave) -> None:

@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, send_to_device
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
@@ -109,21 +109,16 @@ def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> di
         return cast(dict[str, Any], accelerator.get_state_dict(model))
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return _on_cpu(
-        get_model_state_dict(
-            registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False)),
-            options=StateDictOptions(full_state_dict=True),
-        )
+    return cast(
+        dict[str, Any],
+        send_to_device(
+            get_model_state_dict(
+                registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False)),
+                options=StateDictOptions(full_state_dict=True),
+            ),
+            "cpu",
+        ),
     )
-
-
-def _on_cpu(value: Any) -> Any:
-    """``value`` (a state dict, nested) with its tensors copied to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {key: _on_cpu(item) for key, item in value.items()}
-    return value
 
 
 def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: bool = False) -> dict[str, Any]:
@@ -137,28 +132,26 @@ def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: boo
         return cast(dict[str, Any], optimizer.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(
+    state: dict[str, Any] = get_optimizer_state_dict(
         registered_shards(plain_model),
         torch_optimizer(optimizer),
         options=StateDictOptions(full_state_dict=True, cpu_offload=not everywhere),
     )
-    return _numbered(_on_cpu(state) if everywhere else cast(dict[str, Any], state))
-
-
-def _numbered(state: dict[str, Any]) -> dict[str, Any]:
-    """A state keyed by parameter names renumbered as ``optimizer.state_dict()`` numbers the
-    parameters: 0, 1, ... through the parameter groups in order."""
     if "param_groups" not in state:
         return state  # not the main process: nothing gathered here
-    numbers: dict[str, int] = {}
-    for group in state["param_groups"]:
-        for name in group["params"]:
-            numbers.setdefault(name, len(numbers))
+    # Renumbered as optimizer.state_dict() numbers the parameters: 0, 1, ... through the groups in order.
+    names = dict.fromkeys(name for group in state["param_groups"] for name in group["params"])
+    state = send_to_device(state, "cpu") if everywhere else state
+    return _rekeyed(state, {name: number for number, name in enumerate(names)})
+
+
+def _rekeyed(state: dict[str, Any], key_of: Any) -> dict[str, Any]:
+    """An optimizer state with each parameter's key (in ``state`` and in the parameter groups)
+    replaced by ``key_of[key]``: from names to numbers, or back."""
     return {
-        "state": {numbers[name]: value for name, value in state["state"].items()},
+        "state": {key_of[key]: value for key, value in state["state"].items()},
         "param_groups": [
-            {**group, "params": [numbers[name] for name in group["params"]]}
-            for group in state["param_groups"]
+            {**group, "params": [key_of[key] for key in group["params"]]} for group in state["param_groups"]
         ],
     }
 
@@ -175,14 +168,9 @@ def load_full_optimizer_state(plain_model: nn.Module, optimizer: Any, state: dic
     model, inner = registered_shards(plain_model), torch_optimizer(optimizer)
     names_of = {id(parameter): name for name, parameter in model.named_parameters()}
     names = [names_of[id(parameter)] for group in inner.param_groups for parameter in group["params"]]
-    named: dict[str, Any] = {
-        "state": {names[number]: value for number, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[number] for number in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
-    set_optimizer_state_dict(model, inner, named, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model, inner, _rekeyed(state, names), options=StateDictOptions(full_state_dict=True)
+    )
     # The groups' settings exactly as saved, as load_state_dict leaves them (torch's loader
     # turns tuples, such as AdamW's betas, into lists).
     for group, saved in zip(inner.param_groups, state["param_groups"], strict=True):
@@ -210,11 +198,10 @@ def sharding_record(accelerator: Any) -> dict[str, Any] | None:
     if not uses_fsdp(accelerator):
         return None
     plugin = accelerator.state.fsdp_plugin
-    state_dict_type = plugin.state_dict_type
     return {
         "engine": "FSDP",
         "fsdp_version": int(plugin.fsdp_version),
-        "state_dict_type": getattr(state_dict_type, "name", str(state_dict_type)),
+        "state_dict_type": getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type)),
         "num_processes": accelerator.num_processes,
     }
 

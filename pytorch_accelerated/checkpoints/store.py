@@ -144,8 +144,7 @@ class TrainingStateStore:
                 one machine do not all see it.
         """
         accelerator = self._accelerator
-        holder = folder_lock.read(folder)
-        sees = holder is not None and holder.get("token") == token
+        sees = (folder_lock.read(folder) or {}).get("token") == token  # token: never ""
         rows = per_process(accelerator, [sees, accelerator.is_local_main_process])
         nodes = list(itertools.accumulate(int(local) for _, local in rows))  # node of each rank, from 1
         blind = [rank for rank, (saw, _) in enumerate(rows) if not saw]
@@ -157,7 +156,7 @@ class TrainingStateStore:
         if seen != [0] or 0 in unseen:
             raise ValueError(
                 f"The folder {folder} is seen by some processes of this run and not by others: process "
-                f"{_listed(blind)} ({_nodes(unseen)}) cannot see what the main process writes there, though "
+                f"{', '.join(map(str, blind))} ({_nodes(unseen)}) cannot see what the main process writes there, though "
                 f"processes on {_nodes(seen)} can. Give every machine the same shared folder, or each machine "
                 f"a folder of its own that all its processes see (training states are then saved on each machine)."
             )
@@ -211,16 +210,29 @@ class TrainingStateStore:
         output_dir = Path(output_dir)
         layout = layout_for_saving(objects.accelerator)
         layout.check_can_save(objects, output_dir, asynchronous)
-        what = f"the training state {str(output_dir)!r}"
-        loss, step = objects.run_state.train_loss.running_total, objects.progress.global_step
-        finite.check_finite_before_save(objects.accelerator, objects.model, loss, step, what)
+        finite.check_finite_before_save(
+            objects.accelerator,
+            objects.model,
+            objects.run_state.train_loss.running_total,
+            objects.progress.global_step,
+            f"the training state {str(output_dir)!r}",
+        )
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
             self.hold(output_dir.parent, objects.run_state.run_id)
             if self._shared is False:  # saved on each machine (found just now): synchronously, not sharded
-                asynchronous = asynchronous and self._synchronously_on_each_node(output_dir)
+                if (
+                    asynchronous and not self._told_synchronous
+                ):  # its background publication would need a shared folder
+                    self._told_synchronous = True
+                    print_once_per_node(
+                        self._accelerator,
+                        f"Saving {output_dir} and the later asynchronous training states synchronously: they are "
+                        f"saved on each machine (see above), and a background save needs a folder every machine shares.",
+                    )
+                asynchronous = False
                 layout.check_can_save(objects, output_dir, asynchronous)
             state = _StateSave(layout, objects, output_dir, position, extra, weights)
             self._start_background_write(state) if asynchronous else self._write(state)
@@ -231,30 +243,19 @@ class TrainingStateStore:
             if not self._runs and self._background is None:  # a save outside a run: its own run
                 self.release()
 
-    def _synchronously_on_each_node(self, output_dir: Path) -> bool:
-        """False: a state saved on each machine because the machines share no folder is written
-        synchronously (its background publication would need a shared folder); said once."""
-        if not self._told_synchronous:
-            self._told_synchronous = True
-            print_once_per_node(
-                self._accelerator,
-                f"Saving {output_dir} and the later asynchronous training states synchronously: they are "
-                f"saved on each machine (see above), and a background save needs a folder every machine shares.",
-            )
-        return False
+    def _collective(self, output_dir: Path) -> CollectiveSave:
+        """The save of the state ``output_dir`` that every process agrees on, step by step."""
+        clean_up = functools.partial(remove_temporary, output_dir)
+        kept = "the previous states are intact"
+        return CollectiveSave(self._accelerator, "the training state", output_dir, kept, clean_up)
 
     def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
         """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
-        output_dir = state.output_dir
-        save = CollectiveSave(
-            self._accelerator,
-            "the training state",
-            output_dir,
-            "the previous states are intact",
-            state.clean_up,
+        save, record = (
+            self._collective(state.output_dir),
+            self._held.get(Path(os.path.abspath(state.output_dir.parent))),
         )
-        record = self._held.get(Path(os.path.abspath(output_dir.parent)))
-        save.agree(attempt(self._refresh_and_make_dir, output_dir, record) if main else None)
+        save.agree(attempt(self._refresh_and_make_dir, state.output_dir, record) if main else None)
         return save
 
     @staticmethod
@@ -302,10 +303,17 @@ class TrainingStateStore:
             or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
         )
         rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
-        job = BackgroundStateWrite(
-            state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
+        self._background = (
+            BackgroundStateWrite(
+                state.output_dir,
+                contents,
+                rank,
+                processes,
+                manifest if main else None,
+                collective_timeout_s(),
+            ),
+            state.position["global_step"],
         )
-        self._background = (job, state.position["global_step"])
 
     def wait(self) -> None:
         """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
@@ -324,11 +332,7 @@ class TrainingStateStore:
         if not self._runs:  # saved outside a run: the folder is free once the state is
             self.release()
         try:
-            clean_up = functools.partial(remove_temporary, job.output_dir)
-            what, kept = "the training state", "the previous states are intact"
-            CollectiveSave(self._accelerator, what, job.output_dir, kept, clean_up).agree(
-                cast(Exception | None, error)
-            )
+            self._collective(job.output_dir).agree(cast(Exception | None, error))
         except files.CheckpointWriteError as failure:
             raise files.CheckpointWriteError(
                 failure.errno,
@@ -404,10 +408,12 @@ class TrainingStateStore:
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
             if objects.accelerator.is_main_process:
-                line = settings_checks.resume_line(
-                    objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
+                print_once_per_node(
+                    objects.accelerator,
+                    settings_checks.resume_line(
+                        objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
+                    ),
                 )
-                print_once_per_node(objects.accelerator, line)
         objects.run_state.pending_resume = {
             "callbacks": loaded.trainer_state["callbacks"],
             "rng": loaded.process_state["rng"],
@@ -453,9 +459,9 @@ class TrainingStateStore:
                 )
             if explicit:
                 raise problems[-1][1]
-        found = "; ".join(f"{directory.name}: {error}" for directory, error in problems)
         raise ValueError(
-            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: {found})."
+            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: "
+            f"{'; '.join(f'{directory.name}: {error}' for directory, error in problems)})."
         )
 
     @staticmethod
@@ -504,14 +510,7 @@ class _StateSave:
             "asked_accumulation_steps": run_state.asked_accumulation,
         }
 
-    def clean_up(self) -> None:
-        remove_temporary(self.output_dir)
-
-
-def _listed(numbers: list[int]) -> str:
-    return ", ".join(map(str, numbers))
-
 
 def _nodes(nodes: list[int]) -> str:
     """``node 1`` or ``nodes 1, 2``."""
-    return f"node{'s' if len(nodes) > 1 else ''} {_listed(nodes)}"
+    return f"node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))}"
