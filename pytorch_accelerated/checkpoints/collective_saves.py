@@ -49,20 +49,19 @@ class CollectiveSave:
             return
         if self.clean_up is not None:
             self.clean_up()
-        what, target = self.what, self.target
         if error is None:
             raise files.CheckpointWriteError(
                 None,
-                f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-                f"write it (its output says why). {_left_behind(target)}; {self.kept}.",
-                target,
+                f"Could not save {self.what} to {self.target}: process {', '.join(map(str, failed))} failed to "
+                f"write it (its output says why). {_left_behind(self.target)}; {self.kept}.",
+                self.target,
             )
         if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
             raise files.CheckpointWriteError(
                 error.errno,
-                f"Could not save {what} to {target}: {error.message}. {_left_behind(target)}; "
-                f"{self.kept}. {files.write_hint(error, target)}",
-                target,
+                f"Could not save {self.what} to {self.target}: {error.message}. {_left_behind(self.target)}; "
+                f"{self.kept}. {files.write_hint(error, self.target)}",
+                self.target,
             ) from error
         raise error
 

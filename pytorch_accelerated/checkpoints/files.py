@@ -117,10 +117,9 @@ def write_failure(error: BaseException, path: Path, doing: str = "writing") -> B
     interrupt = find_in_chain(error, KeyboardInterrupt)
     if interrupt is not None:
         return interrupt
-    if isinstance(error, CheckpointWriteError):
-        return error
     os_error = find_in_chain(error, OSError)
-    if os_error is None:  # not a failure of the file system (e.g. an object that cannot be pickled)
+    # Said already; or not a failure of the file system (e.g. an object that cannot be pickled).
+    if isinstance(error, CheckpointWriteError) or os_error is None:
         return error
     reason = (os_error.strerror or str(os_error)) + (
         f" (errno {os_error.errno})" if os_error.errno is not None else ""
@@ -257,8 +256,7 @@ def recorded_checksum(path: str | os.PathLike, fix: str) -> Checksum | None:
         return None
     text = sidecar.read_bytes()
     # A damaged checksum file (-1) is reported as a mismatch that names it.
-    valid = re.fullmatch(rb"[0-9a-f]{8}\n", text) is not None
-    return Checksum(int(text, 16) if valid else -1, str(sidecar), fix)
+    return Checksum(int(text, 16) if re.fullmatch(rb"[0-9a-f]{8}\n", text) else -1, str(sidecar), fix)
 
 
 @contextlib.contextmanager
@@ -447,10 +445,9 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
 
 def torch_load_reason(error: BaseException) -> str:
     """Torch's own reason for a failed load, without its generic advice about weights_only."""
-    paragraphs = (part.strip() for part in str(error).split("\n\n"))
     reasons = [
         part
-        for part in paragraphs
+        for part in map(str.strip, str(error).split("\n\n"))
         if part and "weights_only" not in part and not part.startswith("Check the documentation")
     ]
     return " ".join(" ".join(reasons).split()).rstrip(".") or type(error).__name__

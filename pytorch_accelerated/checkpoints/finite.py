@@ -94,11 +94,14 @@ _REASONS = ("the weights hold NaN or infinity", "the training loss of this epoch
 
 def _refusal(what: str, step: int, rows: list[list[float]]) -> str:
     """The one line that says what was not saved, at which step, and why (on which processes)."""
-    reasons = []
-    for column, reason in enumerate(_REASONS):
-        ranks = [str(rank) for rank, row in enumerate(rows) if row[column] > 0]
-        if ranks:
-            reasons.append(reason + (f" (on process {', '.join(ranks)})" if len(rows) > 1 else ""))
+    ranks = [
+        [str(rank) for rank, row in enumerate(rows) if row[column] > 0] for column in range(len(_REASONS))
+    ]
+    reasons = [
+        reason + (f" (on process {', '.join(where)})" if len(rows) > 1 else "")
+        for reason, where in zip(_REASONS, ranks, strict=True)
+        if where
+    ]
     return (
         f"Not saving {what} at step {step}: {' and '.join(reasons)}; "
         f"nothing was written, and what was saved before is kept."

@@ -63,8 +63,7 @@ def save_checkpoint(
         f"the checkpoint {str(save_path)!r}",
     )
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
-    reserved = _RESERVED & set(extra)
-    if reserved:
+    if reserved := _RESERVED & set(extra):
         raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
     writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
     # Called on every process: with sharded models, collecting the state is collective. With
@@ -83,10 +82,9 @@ def save_checkpoint(
     if save_scheduler and objects.scheduler is not None:
         checkpoint["scheduler_state_dict"] = objects.scheduler.state_dict()
     checkpoint.update(extra)
-    error = collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None
     collective_saves.CollectiveSave(
         accelerator, "the checkpoint", Path(save_path), "an earlier file there is unchanged"
-    ).agree(error)
+    ).agree(collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None)
 
 
 def load_checkpoint(

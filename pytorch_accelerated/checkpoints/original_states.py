@@ -34,7 +34,6 @@ METADATA = "trainer_metadata.pt"
 class OriginalState:
     """The files of an original training state, read (nothing loaded into any object)."""
 
-    directory: Path
     current_epoch: int
     checkpoint_kwargs: dict[str, Any]
     model: dict[str, Any]
@@ -83,9 +82,12 @@ def read_original_state(directory: Path, rank: int) -> OriginalState:
     ]
     if schedulers:
         objects["scheduler.pt"] = files.safe_torch_load(max(schedulers)[1])
-    kwargs = {key: value for key, value in metadata.items() if key != "current_epoch"}
     return OriginalState(
-        directory, epoch, kwargs, _read_weights(directory), objects, _read_rng(directory, rank)
+        epoch,
+        {key: value for key, value in metadata.items() if key != "current_epoch"},
+        _read_weights(directory),
+        objects,
+        _read_rng(directory, rank),
     )
 
 
@@ -114,8 +116,11 @@ def _read_rng(directory: Path, rank: int) -> dict[str, Any] | None:
         with torch.serialization.safe_globals(_numpy_array_types()):
             return _to_our_rng_layout(torch.load(path, weights_only=True))
     except Exception as error:  # not loadable safely: resume without these RNG states
-        reason = files.torch_load_reason(error)  # without torch's advice to load with weights_only=False
-        warnings.warn(f"Could not load {path} safely ({reason}); the RNGs are not restored.", stacklevel=5)
+        # Torch's reason, without its advice to load with weights_only=False.
+        warnings.warn(
+            f"Could not load {path} safely ({files.torch_load_reason(error)}); the RNGs are not restored.",
+            stacklevel=5,
+        )
         return None
 
 

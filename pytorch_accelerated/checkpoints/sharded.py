@@ -294,11 +294,9 @@ def load(
         load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
 
 
-def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
+def check_engine(directory: Path, saved: dict[str, Any], now: dict[str, Any] | None) -> None:
     """Raise :class:`ShardedStateError` when a state saved sharded (``saved``, from its
-    manifest; None: saved plain) cannot be loaded by a run sharded as ``now`` (None: not sharded)."""
-    if saved is None:
-        return  # a plain state loads into a sharded model too (model_files.load_full_model_state)
+    manifest) cannot be loaded by a run sharded as ``now`` (None: not sharded)."""
     if now is None:
         full = saved["state_dict_type"] == "FULL_STATE_DICT"
         plain = (
@@ -360,8 +358,11 @@ def check_sharded_state(
             pass
     full_model = directory / "pytorch_model_fsdp.bin"
     if full_model.is_file() and ranks[0] == 0:  # FULL_STATE_DICT: one file, loaded by process 0
-        saved = files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name))
-        state_checks.check_model_state(model, saved, str(full_model))
+        state_checks.check_model_state(
+            model,
+            files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name)),
+            str(full_model),
+        )
 
 
 #: The classes a DCP ``.metadata`` file may name; anything else is refused before DCP unpickles it.
@@ -449,14 +450,13 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
         )
     if optimizer is None or not any(key.startswith("optimizer.") for key in entries):
         return
-    names = {name for name, _ in model.named_parameters()}
     saved = {
         key[len("optimizer.state.") :].rsplit(".", 1)[0]
         for key in entries
         if key.startswith("optimizer.state.")
     }
     groups = {key.split(".")[2] for key in entries if key.startswith("optimizer.param_groups.")}
-    unknown = sorted(saved - names)
+    unknown = sorted(saved - {name for name, _ in model.named_parameters()})
     if unknown or len(groups) != len(optimizer.param_groups):
         raise state_checks.StateMismatchError(
             f"{directory} does not fit this optimizer: it holds {len(groups)} parameter group(s), the optimizer has "

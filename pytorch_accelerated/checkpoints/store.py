@@ -121,16 +121,12 @@ class TrainingStateStore:
             except OSError:  # a folder that cannot be written: no lock; the save says why
                 pass
         token = record["token"] if record is not None and accelerator.is_main_process else ""
-        outcomes = [(str(error) if error is not None else "", token)]
-        if accelerator.num_processes > 1:
-            outcomes = gather_object(outcomes)
+        outcomes = gather_object([(str(error) if error is not None else "", token)])
         errors = [message for message, _ in outcomes if message]
         if errors:
             if record is not None:
                 folder_lock.release(folder, record)
-            if error is not None:
-                raise error
-            raise folder_lock.FolderInUseError(errors[0])
+            raise error if error is not None else folder_lock.FolderInUseError(errors[0])
         return record, outcomes[0][1]
 
     def _check_shared(self, folder: Path, token: str) -> None:
@@ -222,10 +218,10 @@ class TrainingStateStore:
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
             self.hold(output_dir.parent, objects.run_state.run_id)
-            if self._shared is False:  # saved on each machine (found just now): synchronously, not sharded
-                if (
-                    asynchronous and not self._told_synchronous
-                ):  # its background publication would need a shared folder
+            # Saved on each machine (found just now): synchronously (its background publication would
+            # need a shared folder), not sharded.
+            if self._shared is False:
+                if asynchronous and not self._told_synchronous:
                     self._told_synchronous = True
                     print_once_per_node(
                         self._accelerator,
@@ -234,8 +230,8 @@ class TrainingStateStore:
                     )
                 asynchronous = False
                 layout.check_can_save(objects, output_dir, asynchronous)
-            state = _StateSave(layout, objects, output_dir, position, extra, weights)
-            self._start_background_write(state) if asynchronous else self._write(state)
+            write = self._start_background_write if asynchronous else self._write
+            write(_StateSave(layout, objects, output_dir, position, extra, weights))
         except KeyboardInterrupt:
             remove_temporary(output_dir)
             raise
@@ -245,23 +241,24 @@ class TrainingStateStore:
 
     def _collective(self, output_dir: Path) -> CollectiveSave:
         """The save of the state ``output_dir`` that every process agrees on, step by step."""
-        clean_up = functools.partial(remove_temporary, output_dir)
-        kept = "the previous states are intact"
-        return CollectiveSave(self._accelerator, "the training state", output_dir, kept, clean_up)
+        return CollectiveSave(
+            self._accelerator,
+            "the training state",
+            output_dir,
+            "the previous states are intact",
+            functools.partial(remove_temporary, output_dir),
+        )
 
     def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
         """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
-        save, record = (
-            self._collective(state.output_dir),
-            self._held.get(Path(os.path.abspath(state.output_dir.parent))),
-        )
-        save.agree(attempt(self._refresh_and_make_dir, state.output_dir, record) if main else None)
+        save = self._collective(state.output_dir)
+        save.agree(attempt(self._refresh_and_make_dir, state.output_dir) if main else None)
         return save
 
-    @staticmethod
-    def _refresh_and_make_dir(output_dir: Path, record: dict[str, Any] | None) -> None:
-        if record is not None:  # the folder's lock is still this run's: refreshed
-            folder_lock.refresh(Path(os.path.abspath(output_dir.parent)), record)
+    def _refresh_and_make_dir(self, output_dir: Path) -> None:
+        folder = Path(os.path.abspath(output_dir.parent))
+        if (record := self._held.get(folder)) is not None:  # the folder's lock is still this run's: refreshed
+            folder_lock.refresh(folder, record)
         make_temporary_dir(output_dir)
 
     def _write(self, state: _StateSave) -> None:
@@ -281,7 +278,10 @@ class TrainingStateStore:
     def _publish(state: _StateSave, temporary: Path) -> None:
         """Write the manifest, listing every file of the state, then publish it."""
         state.layout.before_publishing(temporary)
-        write_manifest(temporary, {**state.manifest(), "files": list_files(temporary)})
+        write_manifest(
+            temporary,
+            {**state.layout.manifest(state.objects, state.position), "files": list_files(temporary)},
+        )
         publish(temporary, state.output_dir)
 
     def _start_background_write(self, state: _StateSave) -> None:
@@ -302,14 +302,13 @@ class TrainingStateStore:
             attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
             or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
         )
-        rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
         self._background = (
             BackgroundStateWrite(
                 state.output_dir,
                 contents,
-                rank,
-                processes,
-                manifest if main else None,
+                accelerator.process_index,
+                accelerator.num_processes,
+                state.layout.manifest(state.objects, state.position) if main else None,
                 collective_timeout_s(),
             ),
             state.position["global_step"],
@@ -499,16 +498,6 @@ class _StateSave:
         return self.layout.files_to_write(
             self.objects, self.position, self.extra, self.weights if writes_shared else None
         )
-
-    def manifest(self) -> dict[str, Any]:
-        run_state, step = self.objects.run_state, self.position["global_step"]
-        return {
-            **self.layout.manifest(self.objects, self.position),
-            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
-            "run_step": run_state.steps_before + step,
-            # What train() was given: a resume on another number of processes may change it.
-            "asked_accumulation_steps": run_state.asked_accumulation,
-        }
 
 
 def _nodes(nodes: list[int]) -> str:
