@@ -162,8 +162,7 @@ class BackgroundStateWrite:
     def _report_unwaited(self) -> None:
         """At interpreter exit (after its threads have ended), when nobody waited for this write:
         say if it failed."""
-        error = self.wait()
-        if error is not None:
+        if (error := self.wait()) is not None:
             print(
                 f"pytorch_accelerated: the training state {self.output_dir}, written in the background, "
                 f"could not be saved: {error}",

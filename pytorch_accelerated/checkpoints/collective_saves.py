@@ -70,11 +70,11 @@ def _left_behind(target: Path) -> str:
     """What a failed save left: nothing, or a hidden directory that its clean-up could not remove
     (a folder that turned read-only or immutable)."""
     hidden = temporary_dir_for(target)
-    if not hidden.exists():
-        return "Nothing was written"
     return (
         f"Nothing was published, but the hidden directory {hidden} could not be removed (is {target.parent} "
         f"read-only?): remove it once the folder is writable again (it is never taken for a state)"
+        if hidden.exists()
+        else "Nothing was written"
     )
 
 

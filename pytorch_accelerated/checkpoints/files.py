@@ -114,8 +114,7 @@ def write_failure(error: BaseException, path: Path, doing: str = "writing") -> B
     """What to raise for ``error`` met while ``doing`` ``path``: the interrupt if there was one,
     a :class:`CheckpointWriteError` naming ``path`` and the OS error behind it if there was
     one, else ``error`` itself."""
-    interrupt = find_in_chain(error, KeyboardInterrupt)
-    if interrupt is not None:
+    if (interrupt := find_in_chain(error, KeyboardInterrupt)) is not None:
         return interrupt
     os_error = find_in_chain(error, OSError)
     # Said already; or not a failure of the file system (e.g. an object that cannot be pickled).
@@ -214,8 +213,12 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         if not isinstance(failure, CheckpointWriteError):
             raise failure from error
         kept = f"{path} is unchanged" if path.is_file() else "no file was created"
-        message = f"Could not save the checkpoint to {path}: {failure.message}. Nothing was written; {kept}."
-        raise CheckpointWriteError(failure.errno, f"{message} {write_hint(failure, path)}", path) from error
+        raise CheckpointWriteError(
+            failure.errno,
+            f"Could not save the checkpoint to {path}: {failure.message}. Nothing was written; {kept}. "
+            f"{write_hint(failure, path)}",
+            path,
+        ) from error
 
 
 # ---------------------------------------------------------------------------- checksums
@@ -418,16 +421,14 @@ def _other_format(head: bytes) -> str:
         return "it is a numpy .npy file; load it with numpy.load"
     if head[:1] == b"\x80":
         return "it is a plain pickle file, not a torch checkpoint"
-    try:
+    with contextlib.suppress(UnicodeDecodeError):
         text = head.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return "its contents are not those of any known format"
-    if text[:1] in ("{", "["):
-        with contextlib.suppress(ValueError):
-            json.loads(text)
-            return "it is a JSON file"
-    if all(char.isprintable() or char in "\n\r\t" for char in text):
-        return "it is a text file"
+        if text[:1] in ("{", "["):
+            with contextlib.suppress(ValueError):
+                json.loads(text)
+                return "it is a JSON file"
+        if all(char.isprintable() or char in "\n\r\t" for char in text):
+            return "it is a text file"
     return "its contents are not those of any known format"
 
 

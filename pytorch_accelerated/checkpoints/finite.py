@@ -50,8 +50,12 @@ def non_finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     # The largest magnitude of each tensor (NaN propagates through it), one kernel per
     # device and dtype; each is finite in its own dtype, and cat promotes to the widest one.
     maxima = torch._foreach_norm(floats, ord=float("inf"))
-    device = maxima[0].device
-    return torch.cat([maximum.reshape(1).to(device) for maximum in maxima]).isfinite().all().logical_not()
+    return (
+        torch.cat([maximum.reshape(1).to(maxima[0].device) for maximum in maxima])
+        .isfinite()
+        .all()
+        .logical_not()
+    )
 
 
 def non_finite_loss_flag(loss_total: Any) -> torch.Tensor | bool:

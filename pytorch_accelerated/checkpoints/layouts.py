@@ -206,7 +206,6 @@ class PlainLayout(StateLayout):
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
         state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
-        accelerator = objects.accelerator
         return LoadedState(
             directory,
             self,
@@ -215,7 +214,7 @@ class PlainLayout(StateLayout):
             saved,
             state,
             state_checks.read_process_state(
-                directory, manifest, accelerator.process_index, accelerator.num_processes
+                directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
             ),
             saved_epoch(state),
         )
@@ -251,8 +250,9 @@ class ShardedLayout(PlainLayout):
     replaced_files = ("model.pt", "optimizer.pt")
 
     def check_can_save(self, objects: TrainingObjects, output_dir: Path, asynchronous: bool) -> None:
-        accelerator = objects.accelerator
-        sharded.check_can_save(accelerator, output_dir, asynchronous, saves_on_each_node(accelerator))
+        sharded.check_can_save(
+            objects.accelerator, output_dir, asynchronous, saves_on_each_node(objects.accelerator)
+        )
 
     def weights(self, objects: TrainingObjects) -> dict[str, Any]:
         return {}  # every process writes its shards instead
@@ -281,8 +281,13 @@ class ShardedLayout(PlainLayout):
         """Check that this run can load the shards, and every file of them (see :mod:`.sharded`)."""
         accelerator = objects.accelerator
         sharded.check_engine(directory, manifest["sharded"], sharded.sharding_record(accelerator))
-        plain, ranks = objects.plain_model(), (accelerator.process_index, accelerator.num_processes)
-        sharded.check_sharded_state(directory, manifest, plain, objects.optimizer, ranks)
+        sharded.check_sharded_state(
+            directory,
+            manifest,
+            objects.plain_model(),
+            objects.optimizer,
+            (accelerator.process_index, accelerator.num_processes),
+        )
         return {}  # loaded by every process from its shards
 
     def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
@@ -319,9 +324,15 @@ class OriginalLayout(StateLayout):
             "checkpoint_kwargs": saved.checkpoint_kwargs,
             "updates_per_epoch": steps,
         }
-        process_state = {"rng": saved.rng, "train_loss": None}
         return LoadedState(
-            directory, self, {}, model_state, states, state, process_state, saved.current_epoch
+            directory,
+            self,
+            {},
+            model_state,
+            states,
+            state,
+            {"rng": saved.rng, "train_loss": None},  # process_state
+            saved.current_epoch,
         )
 
     def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:

@@ -286,12 +286,11 @@ def load(
     number of processes changed. Every process must call this."""
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer
 
-    plugin = accelerator.state.fsdp_plugin
-    load_fsdp_model(plugin, accelerator, model, str(directory))
+    load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, str(directory))
     if optimizer is not None and any(
         str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())
     ):
-        load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
+        load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, str(directory))
 
 
 def check_engine(directory: Path, saved: dict[str, Any], now: dict[str, Any] | None) -> None:

@@ -120,6 +120,7 @@ class TrainingStateStore:
                 error = failure
             except OSError:  # a folder that cannot be written: no lock; the save says why
                 pass
+        # Every process's error, and the main process's lock token ("" without one).
         token = record["token"] if record is not None and accelerator.is_main_process else ""
         outcomes = gather_object([(str(error) if error is not None else "", token)])
         errors = [message for message, _ in outcomes if message]
@@ -140,8 +141,11 @@ class TrainingStateStore:
                 one machine do not all see it.
         """
         accelerator = self._accelerator
-        sees = (folder_lock.read(folder) or {}).get("token") == token  # token: never ""
-        rows = per_process(accelerator, [sees, accelerator.is_local_main_process])
+        # Whether this process sees the main process's lock (token: never ""), and is its node's first.
+        rows = per_process(
+            accelerator,
+            [(folder_lock.read(folder) or {}).get("token") == token, accelerator.is_local_main_process],
+        )
         nodes = list(itertools.accumulate(int(local) for _, local in rows))  # node of each rank, from 1
         blind = [rank for rank, (saw, _) in enumerate(rows) if not saw]
         unseen = sorted({nodes[rank] - 1 for rank in blind})
@@ -352,8 +356,7 @@ class TrainingStateStore:
         except BaseException:
             if self._background is not None:
                 (job, _), self._background = self._background, None
-                error = job.wait(grace_s=signal_grace_s())
-                if error is not None:
+                if (error := job.wait(grace_s=signal_grace_s())) is not None:
                     print_once_per_node(
                         self._accelerator,
                         f"The training state {job.output_dir}, written in the background, could not be saved: {error}",
@@ -433,29 +436,30 @@ class TrainingStateStore:
         problems: list[tuple[Path, Exception]] = []
         for directory in candidates:
             loaded: LoadedState | None = None
+            problem: Exception | None = None
             try:
                 loaded = layout_of(directory).read(directory, objects)
             except Exception as error:  # any failure to read a state is a reason to try the next one
-                problems.append((directory, error))
+                problem = error
             failed = ranks_where(self._accelerator, loaded is None)
-            if loaded is None and isinstance(problems[-1][1], sharded.ShardedStateError):
-                raise problems[-1][1]  # this run's configuration, not the state, is at fault: no fallback
+            if isinstance(problem, sharded.ShardedStateError):
+                raise problem  # this run's configuration, not the state, is at fault: no fallback
             if loaded is not None and not failed:
-                for bad, problem in problems:
+                for bad, skipped in problems:
                     warnings.warn(
-                        f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.",
+                        f"Skipped the training state {bad}: {skipped} Resuming from {directory} instead.",
                         stacklevel=5,
                     )
                 return loaded
-            if loaded is not None:
-                problems.append(
-                    (
-                        directory,
-                        ValueError(
-                            f"process {', '.join(map(str, failed))} could not read it (its output says why)."
-                        ),
-                    )
+            problems.append(
+                (
+                    directory,
+                    problem
+                    or ValueError(
+                        f"process {', '.join(map(str, failed))} could not read it (its output says why)."
+                    ),
                 )
+            )
             if explicit:
                 raise problems[-1][1]
         raise ValueError(
@@ -470,8 +474,7 @@ class TrainingStateStore:
         On resume this runs after ``on_training_run_start`` (callbacks set themselves up there;
         their saved state goes in after) and last of all, once nothing else can draw from the RNGs.
         """
-        pending = run_state.pending_resume
-        if pending is None:
+        if (pending := run_state.pending_resume) is None:
             return
         run_state.pending_resume = None
         if pending["callbacks"] is not None:  # None: a state that holds none (0.1.x)
