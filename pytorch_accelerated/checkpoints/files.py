@@ -129,8 +129,10 @@ def write_failure(error: BaseException, path: Path, doing: str = "writing") -> B
 
 def write_hint(error: CheckpointWriteError, target: Path) -> str:
     """How to fix the failed save of ``target``, from the OS error behind ``error``."""
-    blocker = next((parent for parent in target.parents if parent.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    # The nearest existing parent: a file there blocks the folders below it.
+    if (
+        blocker := next((parent for parent in target.parents if parent.exists()), None)
+    ) and not blocker.is_dir():
         return f"{blocker} is a file, not a folder: choose another path."
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return "Free space (or raise the file-size limit) or choose another folder."

@@ -206,17 +206,11 @@ class PlainLayout(StateLayout):
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
         state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        process_state = state_checks.read_process_state(
+            directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
+        )
         return LoadedState(
-            directory,
-            self,
-            manifest,
-            model_state,
-            saved,
-            state,
-            state_checks.read_process_state(
-                directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
-            ),
-            saved_epoch(state),
+            directory, self, manifest, model_state, saved, state, process_state, saved_epoch(state)
         )
 
     def read_weights(

@@ -55,13 +55,7 @@ def save_checkpoint(
     if save_optimizer:
         sharded.refuse_fsdp1_optimizer(accelerator, objects.optimizer, "save_checkpoint", "save_optimizer")
     source = objects.model if model is None else model
-    finite.check_finite_before_save(
-        accelerator,
-        source,
-        objects.run_state.train_loss.running_total,
-        objects.progress.global_step,
-        f"the checkpoint {str(save_path)!r}",
-    )
+    finite.check_finite_before_save(objects, source, f"the checkpoint {str(save_path)!r}")
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
     if reserved := _RESERVED & set(extra):
         raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")

@@ -351,8 +351,8 @@ def check_sharded_state(
                 metadata = read_dcp_metadata(directory / name)
             _check_shard_lengths(directory / Path(name).parent, metadata)
             _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
-    shards = [name for name in listed if not name.endswith((".pt", ".metadata"))]
-    for name in shards[ranks[0] :: ranks[1]]:
+    # Each shard file's bytes, by one process (the .metadata files were checked above, the .pt where read).
+    for name in [shard for shard in listed if not shard.endswith((".pt", ".metadata"))][ranks[0] :: ranks[1]]:
         with files.checked(directory / name, file_checksum(manifest, name)):
             pass
     full_model = directory / "pytorch_model_fsdp.bin"

@@ -210,13 +210,7 @@ class TrainingStateStore:
         output_dir = Path(output_dir)
         layout = layout_for_saving(objects.accelerator)
         layout.check_can_save(objects, output_dir, asynchronous)
-        finite.check_finite_before_save(
-            objects.accelerator,
-            objects.model,
-            objects.run_state.train_loss.running_total,
-            objects.progress.global_step,
-            f"the training state {str(output_dir)!r}",
-        )
+        finite.check_finite_before_save(objects, objects.model, f"the training state {str(output_dir)!r}")
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
