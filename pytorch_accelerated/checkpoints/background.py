@@ -6,6 +6,7 @@ are on disk. Knows nothing of the Trainer.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -20,7 +21,7 @@ from .directories import list_files, publish, temporary_dir_for, write_files, wr
 from .files import CheckpointWriteError, write_failure
 
 
-def to_host(value: Any, buffers: dict[tuple[int, str, int], Any] | None = None) -> Any:
+def to_host(value: Any, buffers: dict[tuple[int, str, int], Any]) -> Any:
     """A copy of ``value`` in host memory that training cannot change: every tensor copied to
     a new CPU tensor (tensors that shared a storage share the copy of it, as in ``torch.save``),
     dicts (an ``OrderedDict``'s ``_metadata`` too), lists and tuples copied; other values kept.
@@ -31,10 +32,9 @@ def to_host(value: Any, buffers: dict[tuple[int, str, int], Any] | None = None) 
     copy's storages. They must no longer be in use (the earlier copy written to disk).
     """
     storages: dict[tuple[int, str, int], Any] = {}
-    copied = _to_host(value, storages, buffers or {})
-    if buffers is not None:
-        buffers.clear()
-        buffers.update(storages)
+    copied = _to_host(value, storages, buffers)
+    buffers.clear()
+    buffers.update(storages)
     return copied
 
 
@@ -65,10 +65,13 @@ def _copy_tensor(
     key = (storage.data_ptr(), str(storage.device), storage.nbytes())
     if key not in storages:
         buffer = buffers.get(key)
-        if buffer is not None:
-            storages[key] = buffer.copy_(storage)
-        else:
-            storages[key] = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+        storages[key] = (
+            buffer.copy_(storage)
+            if buffer is not None
+            else storage.clone()
+            if storage.device.type == "cpu"
+            else storage.cpu()
+        )
     return torch.empty(0, dtype=tensor.dtype).set_(
         storages[key], tensor.storage_offset(), tensor.size(), tensor.stride()
     )
@@ -159,8 +162,7 @@ class BackgroundStateWrite:
     def _report_unwaited(self) -> None:
         """At interpreter exit (after its threads have ended), when nobody waited for this write:
         say if it failed."""
-        error = self.wait()
-        if error is not None:
+        if (error := self.wait()) is not None:
             print(
                 f"pytorch_accelerated: the training state {self.output_dir}, written in the background, "
                 f"could not be saved: {error}",
@@ -171,8 +173,7 @@ class BackgroundStateWrite:
 def _mark(path: Path, text: str) -> None:
     """Create the marker ``path`` holding ``text`` in one step (written aside, then renamed)."""
     aside = path.with_name(path.name + ".tmp")
-    try:
+    # On failure, the publisher waits until its timeout, and says which process did not finish.
+    with contextlib.suppress(OSError):
         aside.write_text(text)
         os.replace(aside, path)
-    except OSError:
-        pass  # the publisher then waits until its timeout, and says which process did not finish

@@ -49,20 +49,19 @@ class CollectiveSave:
             return
         if self.clean_up is not None:
             self.clean_up()
-        what, target = self.what, self.target
         if error is None:
             raise files.CheckpointWriteError(
                 None,
-                f"Could not save {what} to {target}: process {', '.join(map(str, failed))} failed to "
-                f"write it (its output says why). {_left_behind(target)}; {self.kept}.",
-                target,
+                f"Could not save {self.what} to {self.target}: process {', '.join(map(str, failed))} failed to "
+                f"write it (its output says why). {_left_behind(self.target)}; {self.kept}.",
+                self.target,
             )
         if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
             raise files.CheckpointWriteError(
                 error.errno,
-                f"Could not save {what} to {target}: {error.message}. {_left_behind(target)}; "
-                f"{self.kept}. {files.write_hint(error, target)}",
-                target,
+                f"Could not save {self.what} to {self.target}: {error.message}. {_left_behind(self.target)}; "
+                f"{self.kept}. {files.write_hint(error, self.target)}",
+                self.target,
             ) from error
         raise error
 
@@ -71,11 +70,11 @@ def _left_behind(target: Path) -> str:
     """What a failed save left: nothing, or a hidden directory that its clean-up could not remove
     (a folder that turned read-only or immutable)."""
     hidden = temporary_dir_for(target)
-    if not hidden.exists():
-        return "Nothing was written"
     return (
         f"Nothing was published, but the hidden directory {hidden} could not be removed (is {target.parent} "
         f"read-only?): remove it once the folder is writable again (it is never taken for a state)"
+        if hidden.exists()
+        else "Nothing was written"
     )
 
 

@@ -114,25 +114,25 @@ def write_failure(error: BaseException, path: Path, doing: str = "writing") -> B
     """What to raise for ``error`` met while ``doing`` ``path``: the interrupt if there was one,
     a :class:`CheckpointWriteError` naming ``path`` and the OS error behind it if there was
     one, else ``error`` itself."""
-    interrupt = find_in_chain(error, KeyboardInterrupt)
-    if interrupt is not None:
+    if (interrupt := find_in_chain(error, KeyboardInterrupt)) is not None:
         return interrupt
-    if isinstance(error, CheckpointWriteError):
-        return error
     os_error = find_in_chain(error, OSError)
-    if os_error is None:  # not a failure of the file system (e.g. an object that cannot be pickled)
+    # Said already; or not a failure of the file system (e.g. an object that cannot be pickled).
+    if isinstance(error, CheckpointWriteError) or os_error is None:
         return error
-    reason = os_error.strerror or str(os_error)
-    if os_error.errno is not None:
-        reason += f" (errno {os_error.errno})"
+    reason = (os_error.strerror or str(os_error)) + (
+        f" (errno {os_error.errno})" if os_error.errno is not None else ""
+    )
     where = os_error.filename if doing != "writing" and os_error.filename else path
     return CheckpointWriteError(os_error.errno, f"{reason} while {doing} {where}", path)
 
 
 def write_hint(error: CheckpointWriteError, target: Path) -> str:
     """How to fix the failed save of ``target``, from the OS error behind ``error``."""
-    blocker = next((parent for parent in target.parents if parent.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    # The nearest existing parent: a file there blocks the folders below it.
+    if (
+        blocker := next((parent for parent in target.parents if parent.exists()), None)
+    ) and not blocker.is_dir():
         return f"{blocker} is a file, not a folder: choose another path."
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return "Free space (or raise the file-size limit) or choose another folder."
@@ -215,8 +215,12 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         if not isinstance(failure, CheckpointWriteError):
             raise failure from error
         kept = f"{path} is unchanged" if path.is_file() else "no file was created"
-        message = f"Could not save the checkpoint to {path}: {failure.message}. Nothing was written; {kept}."
-        raise CheckpointWriteError(failure.errno, f"{message} {write_hint(failure, path)}", path) from error
+        raise CheckpointWriteError(
+            failure.errno,
+            f"Could not save the checkpoint to {path}: {failure.message}. Nothing was written; {kept}. "
+            f"{write_hint(failure, path)}",
+            path,
+        ) from error
 
 
 # ---------------------------------------------------------------------------- checksums
@@ -252,15 +256,12 @@ class Checksum:
 def recorded_checksum(path: str | os.PathLike, fix: str) -> Checksum | None:
     """The checksum that :func:`atomic_torch_save` wrote beside ``path`` (None: none there, e.g. a
     file written by an older version or by ``torch.save``)."""
-    if not Path(path).is_file():  # safe_torch_load says what it is
-        return None
     sidecar = checksum_file(Path(path))
-    if not sidecar.is_file():
+    if not (Path(path).is_file() and sidecar.is_file()):  # no file: safe_torch_load says what it is
         return None
     text = sidecar.read_bytes()
     # A damaged checksum file (-1) is reported as a mismatch that names it.
-    valid = re.fullmatch(rb"[0-9a-f]{8}\n", text) is not None
-    return Checksum(int(text, 16) if valid else -1, str(sidecar), fix)
+    return Checksum(int(text, 16) if re.fullmatch(rb"[0-9a-f]{8}\n", text) else -1, str(sidecar), fix)
 
 
 @contextlib.contextmanager
@@ -331,19 +332,23 @@ def safe_torch_load(
             otherwise is dangerous).
     """
     path = Path(path)
-    _check_is_a_file(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"{path} is a directory, not a checkpoint file (to load a training state directory, use "
+            f"load_training_state or train(resume_from=...))."
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint file at {str(path)!r}.")
+    if path.stat().st_size == 0:
+        raise CheckpointFileError(f"{path} is empty (0 bytes). {_BAD_FILE_HINT}")
     with checked(path, checksum):
-        return _load(path, map_location)
-
-
-def _load(path: Path, map_location: Any) -> Any:
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:
-        failure = _load_failure(path, error)
-    # Raised here, outside the handler, so that torch's error (whose advice is to load with
-    # weights_only=False) is neither the cause nor the context: its reason is in the message.
-    raise failure
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as error:
+            failure = _load_failure(path, error)
+        # Raised here, outside the handler, so that torch's error (whose advice is to load with
+        # weights_only=False) is neither the cause nor the context: its reason is in the message.
+        raise failure
 
 
 def _load_failure(path: Path, error: Exception) -> Exception:
@@ -365,18 +370,6 @@ _BAD_FILE_HINT = (
     "Its save may have been interrupted, or the file damaged: use another checkpoint, or save it again."
 )
 _OTHER_FORMAT_HINT = "Check the path: pass a file written by save_checkpoint (or torch.save)."
-
-
-def _check_is_a_file(path: Path) -> None:
-    if path.is_dir():
-        raise IsADirectoryError(
-            f"{path} is a directory, not a checkpoint file (to load a training state directory, use "
-            f"load_training_state or train(resume_from=...))."
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint file at {str(path)!r}.")
-    if path.stat().st_size == 0:
-        raise CheckpointFileError(f"{path} is empty (0 bytes). {_BAD_FILE_HINT}")
 
 
 def describe_bad_file(path: Path) -> str | None:
@@ -430,18 +423,14 @@ def _other_format(head: bytes) -> str:
         return "it is a numpy .npy file; load it with numpy.load"
     if head[:1] == b"\x80":
         return "it is a plain pickle file, not a torch checkpoint"
-    try:
+    with contextlib.suppress(UnicodeDecodeError):
         text = head.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return "its contents are not those of any known format"
-    if text[:1] in ("{", "["):
-        try:
-            json.loads(text)
-            return "it is a JSON file"
-        except ValueError:
-            pass
-    if all(char.isprintable() or char in "\n\r\t" for char in text):
-        return "it is a text file"
+        if text[:1] in ("{", "["):
+            with contextlib.suppress(ValueError):
+                json.loads(text)
+                return "it is a JSON file"
+        if all(char.isprintable() or char in "\n\r\t" for char in text):
+            return "it is a text file"
     return "its contents are not those of any known format"
 
 
@@ -459,10 +448,9 @@ def _refused_for_code(path: Path, error: pickle.UnpicklingError) -> bool:
 
 def torch_load_reason(error: BaseException) -> str:
     """Torch's own reason for a failed load, without its generic advice about weights_only."""
-    paragraphs = [part.strip() for part in str(error).split("\n\n") if part.strip()]
     reasons = [
         part
-        for part in paragraphs
-        if "weights_only" not in part and not part.startswith("Check the documentation")
+        for part in map(str.strip, str(error).split("\n\n"))
+        if part and "weights_only" not in part and not part.startswith("Check the documentation")
     ]
     return " ".join(" ".join(reasons).split()).rstrip(".") or type(error).__name__

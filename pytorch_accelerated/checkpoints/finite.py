@@ -5,8 +5,8 @@ rotation would delete the good states to make room for it. So every save (traini
 single-file checkpoints, and through them save-best, EMA, WSD and save-at-end) checks, at save
 time, that the weights it is about to write and the training loss since the epoch began are
 finite; when they are not, nothing is written and :class:`NonFiniteStateError` ends the run as
-``TerminateOnNaNCallback`` would. Knows nothing of the Trainer: it is given the model and the
-loss.
+``TerminateOnNaNCallback`` would. Knows nothing of the Trainer: it is given the run's objects
+(:class:`~.training_objects.TrainingObjects`) and the model to check.
 
 The training loss needs no bookkeeping of its own: the Trainer sums each step's loss on the
 device (``trainer.run_state.train_loss.running_total``), and that sum is NaN or infinite once
@@ -26,6 +26,7 @@ from torch import nn
 from .._internal.distributed import per_process
 from .._internal.errors import StopTrainingError
 from .._internal.fsdp import is_dtensor
+from .training_objects import TrainingObjects
 
 
 class NonFiniteStateError(StopTrainingError):
@@ -50,8 +51,12 @@ def non_finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     # The largest magnitude of each tensor (NaN propagates through it), one kernel per
     # device and dtype; each is finite in its own dtype, and cat promotes to the widest one.
     maxima = torch._foreach_norm(floats, ord=float("inf"))
-    device = maxima[0].device
-    return torch.cat([maximum.reshape(1).to(device) for maximum in maxima]).isfinite().all().logical_not()
+    return (
+        torch.cat([maximum.reshape(1).to(maxima[0].device) for maximum in maxima])
+        .isfinite()
+        .all()
+        .logical_not()
+    )
 
 
 def non_finite_loss_flag(loss_total: Any) -> torch.Tensor | bool:
@@ -68,25 +73,26 @@ def state_is_finite(state: Mapping[str, Any]) -> bool:
     return flag is None or not bool(flag.item())
 
 
-def check_finite_before_save(
-    accelerator: Any, model: nn.Module, loss_total: Any, step: int, what: str
-) -> None:
+def check_finite_before_save(objects: TrainingObjects, model: nn.Module, what: str) -> None:
     """Raise :class:`NonFiniteStateError` on every process if the weights of ``model``
-    (parameters and floating-point buffers) or the epoch's training loss (``loss_total``, its
-    sum) are not finite on any process.
+    (parameters and floating-point buffers) or the epoch's training loss (the sum of this epoch's
+    losses, ``objects.run_state.train_loss.running_total``) are not finite on any process.
 
     ``what`` names what would have been written (e.g. ``"the training state 'states/step_8'"``);
-    the error names it, the ``step``, what was not finite and on which process. A collective
-    (every process must call it, as every save is); one host read.
+    the error names it, the update step (``objects.progress.global_step``), what was not finite
+    and on which process. A collective (every process must call it, as every save is); one host read.
     """
+    device = objects.accelerator.device
     weights = non_finite_flag(itertools.chain(model.parameters(), model.buffers()))
-    flags = torch.zeros(2, device=accelerator.device)
+    flags = torch.zeros(2, device=device)
     if weights is not None:
-        flags[0] = weights.to(accelerator.device)
-    flags[1] = torch.as_tensor(non_finite_loss_flag(loss_total), device=accelerator.device)
-    rows = per_process(accelerator, flags)  # one row per process, read once: which processes saw what
+        flags[0] = weights.to(device)
+    flags[1] = torch.as_tensor(
+        non_finite_loss_flag(objects.run_state.train_loss.running_total), device=device
+    )
+    rows = per_process(objects.accelerator, flags)  # one row per process, read once: which processes saw what
     if any(value > 0 for row in rows for value in row):
-        raise NonFiniteStateError(_refusal(what, step, rows))
+        raise NonFiniteStateError(_refusal(what, objects.progress.global_step, rows))
 
 
 _REASONS = ("the weights hold NaN or infinity", "the training loss of this epoch was NaN or infinite")
@@ -94,11 +100,14 @@ _REASONS = ("the weights hold NaN or infinity", "the training loss of this epoch
 
 def _refusal(what: str, step: int, rows: list[list[float]]) -> str:
     """The one line that says what was not saved, at which step, and why (on which processes)."""
-    reasons = []
-    for column, reason in enumerate(_REASONS):
-        ranks = [str(rank) for rank, row in enumerate(rows) if row[column] > 0]
-        if ranks:
-            reasons.append(reason + (f" (on process {', '.join(ranks)})" if len(rows) > 1 else ""))
+    ranks = [
+        [str(rank) for rank, row in enumerate(rows) if row[column] > 0] for column in range(len(_REASONS))
+    ]
+    reasons = [
+        reason + (f" (on process {', '.join(where)})" if len(rows) > 1 else "")
+        for reason, where in zip(_REASONS, ranks, strict=True)
+        if where
+    ]
     return (
         f"Not saving {what} at step {step}: {' and '.join(reasons)}; "
         f"nothing was written, and what was saved before is kept."

@@ -29,16 +29,6 @@ from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
 from .training_objects import TrainingObjects
 
-TRAINER_STATE_KEYS = (
-    "progress",
-    "run_history",
-    "callbacks",
-    "checkpoint_kwargs",
-    "loss_weight_unit",
-    "shuffle_seed",
-)
-PROGRESS_KEYS = ("epoch", "global_step", "batch_index")
-
 
 @dataclass
 class LoadedState:
@@ -78,9 +68,20 @@ class StateLayout(ABC):
             the model or optimizer, non-finite weights).
         """
 
-    @abstractmethod
     def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
-        """Load the model, the optimizer and the other objects saved whole (every process)."""
+        """Load the model, the optimizer and the other objects saved whole (every process); a
+        sharded run (FSDP) keeps its shards of the model and optimizer."""
+        self.load_weights(loaded, objects)
+        for name, obj in objects.stateful().items():
+            if name == "optimizer.pt" and name in loaded.objects:
+                plain = objects.plain_model(keep_torch_compile=False)
+                sharded.load_full_optimizer_state(plain, obj, loaded.objects[name])
+            elif name in loaded.objects:
+                obj.load_state_dict(loaded.objects[name])
+
+    def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
+        """Load the model's state (a sharded model keeps its shards of it)."""
+        sharded.load_full_model_state(objects.plain_model(), loaded.model)
 
     def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:
         """Check the run's settings against the saved ones before anything is loaded (refusing a
@@ -116,8 +117,10 @@ class PlainLayout(StateLayout):
     def weights(self, objects: TrainingObjects) -> dict[str, Any]:
         """The model's file, by name: called on every process, since collecting the state is
         collective with some engines; only the writing process writes it."""
-        state = objects.accelerator.get_state_dict(objects.model)  # the plain model's keys, even compiled
-        return {"model.pt": state_checks.without_compile_prefix(state)}
+        # The plain model's keys, even compiled.
+        return {
+            "model.pt": state_checks.without_compile_prefix(objects.accelerator.get_state_dict(objects.model))
+        }
 
     def files_to_write(
         self,
@@ -129,19 +132,22 @@ class PlainLayout(StateLayout):
         """What this process writes, by file name: its RNG states and share of the epoch's loss;
         with ``shared`` (the writing process: ``weights``' files), also those, the objects saved
         whole and ``trainer_state.pt``."""
-        own = {
-            "rng": capture_rng_states(),
-            **objects.run_state.process_state_dict(position["batch_index"] > 0),
+        contents: dict[str, Any] = {
+            f"rng_state_{objects.accelerator.process_index}.pt": {
+                "rng": capture_rng_states(),
+                **objects.run_state.process_state_dict(position["batch_index"] > 0),
+            }
         }
-        contents: dict[str, Any] = {f"rng_state_{objects.accelerator.process_index}.pt": own}
         if shared is not None:
-            contents.update(shared)
-            contents.update(
-                (name, obj.state_dict())
-                for name, obj in objects.stateful().items()
-                if obj is not None and name not in self.replaced_files
-            )
-            contents["trainer_state.pt"] = trainer_state(objects, position, extra)
+            contents |= {
+                **shared,
+                **{
+                    name: obj.state_dict()
+                    for name, obj in objects.stateful().items()
+                    if obj is not None and name not in self.replaced_files
+                },
+                "trainer_state.pt": trainer_state(objects, position, extra),
+            }
         return contents
 
     def write_collectively(self, objects: TrainingObjects, temporary: Path, save: CollectiveSave) -> None:
@@ -151,8 +157,9 @@ class PlainLayout(StateLayout):
         """Make sure every file in ``temporary`` is on disk (each was flushed when written)."""
 
     def manifest(self, objects: TrainingObjects, position: dict[str, int]) -> dict[str, Any]:
-        """What the manifest records besides the files: the position and the run's batch settings."""
-        config, loader = objects.run_config, objects.train_dataloader
+        """What the manifest records besides the files: the position, the run's batch settings and
+        the run that wrote it."""
+        config, loader, run_state = objects.run_config, objects.train_dataloader, objects.run_state
         return {
             **position,
             "finite": True,  # every save checks the weights first (finite.check_finite_before_save)
@@ -160,6 +167,10 @@ class PlainLayout(StateLayout):
             "per_device_batch_size": config.train_per_device_batch_size if config else None,
             "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
             "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
+            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
+            "run_step": run_state.steps_before + position["global_step"],
+            # What train() was given: a resume on another number of processes may change it.
+            "asked_accumulation_steps": run_state.asked_accumulation,
         }
 
     # ------------------------------------------------------------------ reading and loading
@@ -186,12 +197,17 @@ class PlainLayout(StateLayout):
             state_checks.check_object_state(targets[name], state, str(directory / name))
         state = state_checks.read_file(directory, "trainer_state.pt", manifest)
         where = directory / "trainer_state.pt"
-        state_checks.require_keys(state, TRAINER_STATE_KEYS, where)
-        state_checks.require_keys(state["progress"], PROGRESS_KEYS, where, "progress")
+        state_checks.require_keys(
+            state,
+            ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed"),
+            where,
+        )
+        state_checks.require_keys(
+            state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
+        )
         state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
-        accelerator = objects.accelerator
         process_state = state_checks.read_process_state(
-            directory, manifest, accelerator.process_index, accelerator.num_processes
+            directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
         )
         return LoadedState(
             directory, self, manifest, model_state, saved, state, process_state, saved_epoch(state)
@@ -202,27 +218,22 @@ class PlainLayout(StateLayout):
     ) -> dict[str, Any]:
         """Read and check the whole model's state (it loads into a sharded run too)."""
         model = objects.plain_model()
-        saved = state_checks.read_file(directory, "model.pt", manifest)
-        model_state = state_checks.match_model_keys(model, saved)
+        model_state = state_checks.match_model_keys(
+            model, state_checks.read_file(directory, "model.pt", manifest)
+        )
         state_checks.check_model_state(model, model_state, str(directory))
         if not finite.state_is_finite(model_state):
             raise state_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
         return model_state
 
     def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
-        """Load the weights and the objects saved whole; into a sharded run (FSDP) too, where each
-        process keeps its shards of the model and optimizer."""
-        self.load_weights(loaded, objects)
-        load_objects(loaded.objects, objects)
+        """Load the weights and the objects saved whole, and warn when a resume finds no scheduler state."""
+        super().load(loaded, objects, resuming)
         if resuming and objects.scheduler is not None and "scheduler.pt" not in loaded.objects:
             warnings.warn(
                 f"{loaded.directory} holds no scheduler state; the new scheduler starts from its first step.",
                 stacklevel=6,
             )
-
-    def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
-        """Load the model's state (a sharded model keeps its shards of it)."""
-        sharded.load_full_model_state(objects.plain_model(), loaded.model)
 
 
 class ShardedLayout(PlainLayout):
@@ -233,8 +244,9 @@ class ShardedLayout(PlainLayout):
     replaced_files = ("model.pt", "optimizer.pt")
 
     def check_can_save(self, objects: TrainingObjects, output_dir: Path, asynchronous: bool) -> None:
-        accelerator = objects.accelerator
-        sharded.check_can_save(accelerator, output_dir, asynchronous, saves_on_each_node(accelerator))
+        sharded.check_can_save(
+            objects.accelerator, output_dir, asynchronous, saves_on_each_node(objects.accelerator)
+        )
 
     def weights(self, objects: TrainingObjects) -> dict[str, Any]:
         return {}  # every process writes its shards instead
@@ -263,8 +275,13 @@ class ShardedLayout(PlainLayout):
         """Check that this run can load the shards, and every file of them (see :mod:`.sharded`)."""
         accelerator = objects.accelerator
         sharded.check_engine(directory, manifest["sharded"], sharded.sharding_record(accelerator))
-        plain, ranks = objects.plain_model(), (accelerator.process_index, accelerator.num_processes)
-        sharded.check_sharded_state(directory, manifest, plain, objects.optimizer, ranks)
+        sharded.check_sharded_state(
+            directory,
+            manifest,
+            objects.plain_model(),
+            objects.optimizer,
+            (accelerator.process_index, accelerator.num_processes),
+        )
         return {}  # loaded by every process from its shards
 
     def load_weights(self, loaded: LoadedState, objects: TrainingObjects) -> None:
@@ -301,17 +318,22 @@ class OriginalLayout(StateLayout):
             "checkpoint_kwargs": saved.checkpoint_kwargs,
             "updates_per_epoch": steps,
         }
-        process_state = {"rng": saved.rng, "train_loss": None}
         return LoadedState(
-            directory, self, {}, model_state, states, state, process_state, saved.current_epoch
+            directory,
+            self,
+            {},
+            model_state,
+            states,
+            state,
+            {"rng": saved.rng, "train_loss": None},  # process_state
+            saved.current_epoch,
         )
 
     def map_position(self, loaded: LoadedState, objects: TrainingObjects) -> resume.MappedPosition | None:
         return None  # it continues at the start of its epoch, whatever the settings
 
     def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
-        sharded.load_full_model_state(objects.plain_model(), loaded.model)
-        load_objects(loaded.objects, objects)
+        super().load(loaded, objects, resuming)
         epoch, updates = loaded.saved_epoch, loaded.trainer_state["progress"]["global_step"]
         known = loaded.trainer_state["updates_per_epoch"] is not None
         counter = _set_scheduler_counter(objects.scheduler, updates) if known else ""
@@ -347,15 +369,6 @@ def layout_of(directory: Path) -> StateLayout:
     if original_states.is_original_state(directory):
         return OriginalLayout()
     return ShardedLayout() if (read_manifest(directory) or {}).get("sharded") is not None else PlainLayout()
-
-
-def load_objects(saved: dict[str, Any], objects: TrainingObjects) -> None:
-    """Load each saved state into its object; a sharded run's optimizer keeps its shards of its state."""
-    for name, obj in objects.stateful().items():
-        if name == "optimizer.pt" and name in saved:
-            sharded.load_full_optimizer_state(objects.plain_model(keep_torch_compile=False), obj, saved[name])
-        elif name in saved:
-            obj.load_state_dict(saved[name])
 
 
 def trainer_state(

@@ -55,21 +55,20 @@ def save_checkpoint(
     if save_optimizer:
         sharded.refuse_fsdp1_optimizer(accelerator, objects.optimizer, "save_checkpoint", "save_optimizer")
     source = objects.model if model is None else model
-    loss_total = objects.run_state.train_loss.running_total
-    finite.check_finite_before_save(
-        accelerator, source, loss_total, objects.progress.global_step, f"the checkpoint {str(save_path)!r}"
-    )
+    finite.check_finite_before_save(objects, source, f"the checkpoint {str(save_path)!r}")
     extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
-    reserved = _RESERVED & set(extra)
-    if reserved:
+    if reserved := _RESERVED & set(extra):
         raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
     writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
     # Called on every process: with sharded models, collecting the state is collective. With
     # save_per_node on several machines, every node's writer needs the whole state.
     everywhere = sharded.is_sharded(source) and any(rank > 0 for rank in ranks_where(accelerator, writer))
-    model_state = sharded.full_model_state(accelerator, source, everywhere)
     # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
-    checkpoint: dict[str, Any] = {"model_state_dict": state_checks.without_compile_prefix(model_state)}
+    checkpoint: dict[str, Any] = {
+        "model_state_dict": state_checks.without_compile_prefix(
+            sharded.full_model_state(accelerator, source, everywhere)
+        )
+    }
     if save_optimizer and objects.optimizer is not None:
         checkpoint["optimizer_state_dict"] = sharded.full_optimizer_state(
             objects.plain_model(keep_torch_compile=False), objects.optimizer, everywhere
@@ -77,11 +76,9 @@ def save_checkpoint(
     if save_scheduler and objects.scheduler is not None:
         checkpoint["scheduler_state_dict"] = objects.scheduler.state_dict()
     checkpoint.update(extra)
-    error = collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None
-    save = collective_saves.CollectiveSave(
+    collective_saves.CollectiveSave(
         accelerator, "the checkpoint", Path(save_path), "an earlier file there is unchanged"
-    )
-    save.agree(error)
+    ).agree(collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None)
 
 
 def load_checkpoint(

@@ -34,7 +34,6 @@ METADATA = "trainer_metadata.pt"
 class OriginalState:
     """The files of an original training state, read (nothing loaded into any object)."""
 
-    directory: Path
     current_epoch: int
     checkpoint_kwargs: dict[str, Any]
     model: dict[str, Any]
@@ -54,31 +53,6 @@ def read_original_state(directory: Path, rank: int) -> OriginalState:
         ValueError: for an FSDP-sharded or sharded-weights layout, or metadata without a
             whole-number ``current_epoch``. FileNotFoundError: when the weights are missing.
     """
-    _refuse_sharded(directory)
-    metadata = files.safe_torch_load(directory / METADATA)
-    epoch = metadata.get("current_epoch") if isinstance(metadata, dict) else None
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
-        raise ValueError(
-            f"{directory / METADATA} holds no whole-number 'current_epoch' >= 1 (got {epoch!r}): it is not a training state of pytorch-accelerated."
-        )
-    objects = {
-        name: files.safe_torch_load(directory / original)
-        for name, original in _OBJECT_FILES.items()
-        if (directory / original).is_file()
-    }
-    scheduler = _newest_scheduler_file(directory)
-    if scheduler is not None:
-        objects["scheduler.pt"] = files.safe_torch_load(scheduler)
-    kwargs = {key: value for key, value in metadata.items() if key != "current_epoch"}
-    return OriginalState(
-        directory, epoch, kwargs, _read_weights(directory), objects, _read_rng(directory, rank)
-    )
-
-
-_OBJECT_FILES = {"optimizer.pt": "optimizer.bin", "scaler.pt": "scaler.pt"}
-
-
-def _refuse_sharded(directory: Path) -> None:
     sharded = sorted(
         path.name
         for path in directory.iterdir()
@@ -90,6 +64,34 @@ def _refuse_sharded(directory: Path) -> None:
             f"only whole-model states can be resumed. Consolidate the weights with the original library, "
             f"or resume from a state saved without sharding."
         )
+    metadata = files.safe_torch_load(directory / METADATA)
+    epoch = metadata.get("current_epoch") if isinstance(metadata, dict) else None
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        raise ValueError(
+            f"{directory / METADATA} holds no whole-number 'current_epoch' >= 1 (got {epoch!r}): it is not a training state of pytorch-accelerated."
+        )
+    objects = {
+        name: files.safe_torch_load(directory / original)
+        for name, original in _OBJECT_FILES.items()
+        if (directory / original).is_file()
+    }
+    schedulers = [  # one copy per save so far: the newest is the one to load
+        (int(match.group(1)), path)
+        for path in directory.glob("custom_checkpoint_*.pkl")
+        if (match := re.fullmatch(r"custom_checkpoint_(\d+)\.pkl", path.name))
+    ]
+    if schedulers:
+        objects["scheduler.pt"] = files.safe_torch_load(max(schedulers)[1])
+    return OriginalState(
+        epoch,
+        {key: value for key, value in metadata.items() if key != "current_epoch"},
+        _read_weights(directory),
+        objects,
+        _read_rng(directory, rank),
+    )
+
+
+_OBJECT_FILES = {"optimizer.pt": "optimizer.bin", "scaler.pt": "scaler.pt"}
 
 
 def _read_weights(directory: Path) -> dict[str, Any]:
@@ -104,15 +106,6 @@ def _read_weights(directory: Path) -> dict[str, Any]:
     )
 
 
-def _newest_scheduler_file(directory: Path) -> Path | None:
-    numbered = [
-        (int(match.group(1)), path)
-        for path in directory.glob("custom_checkpoint_*.pkl")
-        if (match := re.fullmatch(r"custom_checkpoint_(\d+)\.pkl", path.name))
-    ]
-    return max(numbered)[1] if numbered else None
-
-
 def _read_rng(directory: Path, rank: int) -> dict[str, Any] | None:
     path = directory / f"random_states_{rank}.pkl"
     if not path.is_file():
@@ -121,11 +114,13 @@ def _read_rng(directory: Path, rank: int) -> dict[str, Any] | None:
         return None
     try:
         with torch.serialization.safe_globals(_numpy_array_types()):
-            saved = torch.load(path, weights_only=True)
-        return _to_our_rng_layout(saved)
+            return _to_our_rng_layout(torch.load(path, weights_only=True))
     except Exception as error:  # not loadable safely: resume without these RNG states
-        reason = files.torch_load_reason(error)  # without torch's advice to load with weights_only=False
-        warnings.warn(f"Could not load {path} safely ({reason}); the RNGs are not restored.", stacklevel=5)
+        # Torch's reason, without its advice to load with weights_only=False.
+        warnings.warn(
+            f"Could not load {path} safely ({files.torch_load_reason(error)}); the RNGs are not restored.",
+            stacklevel=5,
+        )
         return None
 
 

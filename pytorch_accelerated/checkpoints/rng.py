@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np  # a dependency of accelerate
 import torch
 
 
@@ -14,10 +15,6 @@ def capture_rng_states() -> dict[str, Any]:
     states: dict[str, Any] = {"python": _to_lists(random.getstate()), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-    except ImportError:
-        return states
     kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     states["numpy"] = {
         "kind": kind,
@@ -35,8 +32,6 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
     if "numpy" in states:
-        import numpy as np
-
         numpy_state = states["numpy"]
         np.random.set_state(
             (

@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, send_to_device
 from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
@@ -109,21 +109,16 @@ def full_model_state(accelerator: Any, model: nn.Module, everywhere: bool) -> di
         return cast(dict[str, Any], accelerator.get_state_dict(model))
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return _on_cpu(
-        get_model_state_dict(
-            registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False)),
-            options=StateDictOptions(full_state_dict=True),
-        )
+    return cast(
+        dict[str, Any],
+        send_to_device(
+            get_model_state_dict(
+                registered_shards(accelerator.unwrap_model(model, keep_torch_compile=False)),
+                options=StateDictOptions(full_state_dict=True),
+            ),
+            "cpu",
+        ),
     )
-
-
-def _on_cpu(value: Any) -> Any:
-    """``value`` (a state dict, nested) with its tensors copied to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {key: _on_cpu(item) for key, item in value.items()}
-    return value
 
 
 def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: bool = False) -> dict[str, Any]:
@@ -137,28 +132,26 @@ def full_optimizer_state(plain_model: nn.Module, optimizer: Any, everywhere: boo
         return cast(dict[str, Any], optimizer.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(
+    state: dict[str, Any] = get_optimizer_state_dict(
         registered_shards(plain_model),
         torch_optimizer(optimizer),
         options=StateDictOptions(full_state_dict=True, cpu_offload=not everywhere),
     )
-    return _numbered(_on_cpu(state) if everywhere else cast(dict[str, Any], state))
-
-
-def _numbered(state: dict[str, Any]) -> dict[str, Any]:
-    """A state keyed by parameter names renumbered as ``optimizer.state_dict()`` numbers the
-    parameters: 0, 1, ... through the parameter groups in order."""
     if "param_groups" not in state:
         return state  # not the main process: nothing gathered here
-    numbers: dict[str, int] = {}
-    for group in state["param_groups"]:
-        for name in group["params"]:
-            numbers.setdefault(name, len(numbers))
+    # Renumbered as optimizer.state_dict() numbers the parameters: 0, 1, ... through the groups in order.
+    names = dict.fromkeys(name for group in state["param_groups"] for name in group["params"])
+    state = send_to_device(state, "cpu") if everywhere else state
+    return _rekeyed(state, {name: number for number, name in enumerate(names)})
+
+
+def _rekeyed(state: dict[str, Any], key_of: Any) -> dict[str, Any]:
+    """An optimizer state with each parameter's key (in ``state`` and in the parameter groups)
+    replaced by ``key_of[key]``: from names to numbers, or back."""
     return {
-        "state": {numbers[name]: value for name, value in state["state"].items()},
+        "state": {key_of[key]: value for key, value in state["state"].items()},
         "param_groups": [
-            {**group, "params": [numbers[name] for name in group["params"]]}
-            for group in state["param_groups"]
+            {**group, "params": [key_of[key] for key in group["params"]]} for group in state["param_groups"]
         ],
     }
 
@@ -175,14 +168,9 @@ def load_full_optimizer_state(plain_model: nn.Module, optimizer: Any, state: dic
     model, inner = registered_shards(plain_model), torch_optimizer(optimizer)
     names_of = {id(parameter): name for name, parameter in model.named_parameters()}
     names = [names_of[id(parameter)] for group in inner.param_groups for parameter in group["params"]]
-    named: dict[str, Any] = {
-        "state": {names[number]: value for number, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[number] for number in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
-    set_optimizer_state_dict(model, inner, named, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model, inner, _rekeyed(state, names), options=StateDictOptions(full_state_dict=True)
+    )
     # The groups' settings exactly as saved, as load_state_dict leaves them (torch's loader
     # turns tuples, such as AdamW's betas, into lists).
     for group, saved in zip(inner.param_groups, state["param_groups"], strict=True):
@@ -210,11 +198,10 @@ def sharding_record(accelerator: Any) -> dict[str, Any] | None:
     if not uses_fsdp(accelerator):
         return None
     plugin = accelerator.state.fsdp_plugin
-    state_dict_type = plugin.state_dict_type
     return {
         "engine": "FSDP",
         "fsdp_version": int(plugin.fsdp_version),
-        "state_dict_type": getattr(state_dict_type, "name", str(state_dict_type)),
+        "state_dict_type": getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type)),
         "num_processes": accelerator.num_processes,
     }
 
@@ -299,19 +286,16 @@ def load(
     number of processes changed. Every process must call this."""
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer
 
-    plugin = accelerator.state.fsdp_plugin
-    load_fsdp_model(plugin, accelerator, model, str(directory))
+    load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, str(directory))
     if optimizer is not None and any(
         str(name).startswith(OPTIMIZER_NAME) for name in manifest.get("files", ())
     ):
-        load_fsdp_optimizer(plugin, accelerator, optimizer, model, str(directory))
+        load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, str(directory))
 
 
-def check_engine(directory: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
+def check_engine(directory: Path, saved: dict[str, Any], now: dict[str, Any] | None) -> None:
     """Raise :class:`ShardedStateError` when a state saved sharded (``saved``, from its
-    manifest; None: saved plain) cannot be loaded by a run sharded as ``now`` (None: not sharded)."""
-    if saved is None:
-        return  # a plain state loads into a sharded model too (model_files.load_full_model_state)
+    manifest) cannot be loaded by a run sharded as ``now`` (None: not sharded)."""
     if now is None:
         full = saved["state_dict_type"] == "FULL_STATE_DICT"
         plain = (
@@ -367,14 +351,17 @@ def check_sharded_state(
                 metadata = read_dcp_metadata(directory / name)
             _check_shard_lengths(directory / Path(name).parent, metadata)
             _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
-    shards = [name for name in listed if not name.endswith((".pt", ".metadata"))]
-    for name in shards[ranks[0] :: ranks[1]]:
+    # Each shard file's bytes, by one process (the .metadata files were checked above, the .pt where read).
+    for name in [shard for shard in listed if not shard.endswith((".pt", ".metadata"))][ranks[0] :: ranks[1]]:
         with files.checked(directory / name, file_checksum(manifest, name)):
             pass
     full_model = directory / "pytorch_model_fsdp.bin"
     if full_model.is_file() and ranks[0] == 0:  # FULL_STATE_DICT: one file, loaded by process 0
-        saved = files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name))
-        state_checks.check_model_state(model, saved, str(full_model))
+        state_checks.check_model_state(
+            model,
+            files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name)),
+            str(full_model),
+        )
 
 
 #: The classes a DCP ``.metadata`` file may name; anything else is refused before DCP unpickles it.
@@ -462,14 +449,13 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
         )
     if optimizer is None or not any(key.startswith("optimizer.") for key in entries):
         return
-    names = {name for name, _ in model.named_parameters()}
     saved = {
         key[len("optimizer.state.") :].rsplit(".", 1)[0]
         for key in entries
         if key.startswith("optimizer.state.")
     }
     groups = {key.split(".")[2] for key in entries if key.startswith("optimizer.param_groups.")}
-    unknown = sorted(saved - names)
+    unknown = sorted(saved - {name for name, _ in model.named_parameters()})
     if unknown or len(groups) != len(optimizer.param_groups):
         raise state_checks.StateMismatchError(
             f"{directory} does not fit this optimizer: it holds {len(groups)} parameter group(s), the optimizer has "

@@ -120,17 +120,14 @@ class TrainingStateStore:
                 error = failure
             except OSError:  # a folder that cannot be written: no lock; the save says why
                 pass
+        # Every process's error, and the main process's lock token ("" without one).
         token = record["token"] if record is not None and accelerator.is_main_process else ""
-        outcomes = [(str(error) if error is not None else "", token)]
-        if accelerator.num_processes > 1:
-            outcomes = gather_object(outcomes)
+        outcomes = gather_object([(str(error) if error is not None else "", token)])
         errors = [message for message, _ in outcomes if message]
         if errors:
             if record is not None:
                 folder_lock.release(folder, record)
-            if error is not None:
-                raise error
-            raise folder_lock.FolderInUseError(errors[0])
+            raise error if error is not None else folder_lock.FolderInUseError(errors[0])
         return record, outcomes[0][1]
 
     def _check_shared(self, folder: Path, token: str) -> None:
@@ -144,9 +141,11 @@ class TrainingStateStore:
                 one machine do not all see it.
         """
         accelerator = self._accelerator
-        holder = folder_lock.read(folder)
-        sees = holder is not None and holder.get("token") == token
-        rows = per_process(accelerator, [sees, accelerator.is_local_main_process])
+        # Whether this process sees the main process's lock (token: never ""), and is its node's first.
+        rows = per_process(
+            accelerator,
+            [(folder_lock.read(folder) or {}).get("token") == token, accelerator.is_local_main_process],
+        )
         nodes = list(itertools.accumulate(int(local) for _, local in rows))  # node of each rank, from 1
         blind = [rank for rank, (saw, _) in enumerate(rows) if not saw]
         unseen = sorted({nodes[rank] - 1 for rank in blind})
@@ -157,7 +156,7 @@ class TrainingStateStore:
         if seen != [0] or 0 in unseen:
             raise ValueError(
                 f"The folder {folder} is seen by some processes of this run and not by others: process "
-                f"{_listed(blind)} ({_nodes(unseen)}) cannot see what the main process writes there, though "
+                f"{', '.join(map(str, blind))} ({_nodes(unseen)}) cannot see what the main process writes there, though "
                 f"processes on {_nodes(seen)} can. Give every machine the same shared folder, or each machine "
                 f"a folder of its own that all its processes see (training states are then saved on each machine)."
             )
@@ -211,19 +210,26 @@ class TrainingStateStore:
         output_dir = Path(output_dir)
         layout = layout_for_saving(objects.accelerator)
         layout.check_can_save(objects, output_dir, asynchronous)
-        what = f"the training state {str(output_dir)!r}"
-        loss, step = objects.run_state.train_loss.running_total, objects.progress.global_step
-        finite.check_finite_before_save(objects.accelerator, objects.model, loss, step, what)
+        finite.check_finite_before_save(objects, objects.model, f"the training state {str(output_dir)!r}")
         extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
             self.hold(output_dir.parent, objects.run_state.run_id)
-            if self._shared is False:  # saved on each machine (found just now): synchronously, not sharded
-                asynchronous = asynchronous and self._synchronously_on_each_node(output_dir)
+            # Saved on each machine (found just now): synchronously (its background publication would
+            # need a shared folder), not sharded.
+            if self._shared is False:
+                if asynchronous and not self._told_synchronous:
+                    self._told_synchronous = True
+                    print_once_per_node(
+                        self._accelerator,
+                        f"Saving {output_dir} and the later asynchronous training states synchronously: they are "
+                        f"saved on each machine (see above), and a background save needs a folder every machine shares.",
+                    )
+                asynchronous = False
                 layout.check_can_save(objects, output_dir, asynchronous)
-            state = _StateSave(layout, objects, output_dir, position, extra, weights)
-            self._start_background_write(state) if asynchronous else self._write(state)
+            write = self._start_background_write if asynchronous else self._write
+            write(_StateSave(layout, objects, output_dir, position, extra, weights))
         except KeyboardInterrupt:
             remove_temporary(output_dir)
             raise
@@ -231,36 +237,26 @@ class TrainingStateStore:
             if not self._runs and self._background is None:  # a save outside a run: its own run
                 self.release()
 
-    def _synchronously_on_each_node(self, output_dir: Path) -> bool:
-        """False: a state saved on each machine because the machines share no folder is written
-        synchronously (its background publication would need a shared folder); said once."""
-        if not self._told_synchronous:
-            self._told_synchronous = True
-            print_once_per_node(
-                self._accelerator,
-                f"Saving {output_dir} and the later asynchronous training states synchronously: they are "
-                f"saved on each machine (see above), and a background save needs a folder every machine shares.",
-            )
-        return False
-
-    def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
-        """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
-        output_dir = state.output_dir
-        save = CollectiveSave(
+    def _collective(self, output_dir: Path) -> CollectiveSave:
+        """The save of the state ``output_dir`` that every process agrees on, step by step."""
+        return CollectiveSave(
             self._accelerator,
             "the training state",
             output_dir,
             "the previous states are intact",
-            state.clean_up,
+            functools.partial(remove_temporary, output_dir),
         )
-        record = self._held.get(Path(os.path.abspath(output_dir.parent)))
-        save.agree(attempt(self._refresh_and_make_dir, output_dir, record) if main else None)
+
+    def _begin(self, state: _StateSave, main: bool) -> CollectiveSave:
+        """Create the state's hidden directory (on ``main``); return the save every process agrees on."""
+        save = self._collective(state.output_dir)
+        save.agree(attempt(self._refresh_and_make_dir, state.output_dir) if main else None)
         return save
 
-    @staticmethod
-    def _refresh_and_make_dir(output_dir: Path, record: dict[str, Any] | None) -> None:
-        if record is not None:  # the folder's lock is still this run's: refreshed
-            folder_lock.refresh(Path(os.path.abspath(output_dir.parent)), record)
+    def _refresh_and_make_dir(self, output_dir: Path) -> None:
+        folder = Path(os.path.abspath(output_dir.parent))
+        if (record := self._held.get(folder)) is not None:  # the folder's lock is still this run's: refreshed
+            folder_lock.refresh(folder, record)
         make_temporary_dir(output_dir)
 
     def _write(self, state: _StateSave) -> None:
@@ -280,7 +276,10 @@ class TrainingStateStore:
     def _publish(state: _StateSave, temporary: Path) -> None:
         """Write the manifest, listing every file of the state, then publish it."""
         state.layout.before_publishing(temporary)
-        write_manifest(temporary, {**state.manifest(), "files": list_files(temporary)})
+        write_manifest(
+            temporary,
+            {**state.layout.manifest(state.objects, state.position), "files": list_files(temporary)},
+        )
         publish(temporary, state.output_dir)
 
     def _start_background_write(self, state: _StateSave) -> None:
@@ -301,11 +300,17 @@ class TrainingStateStore:
             attempt(lambda: contents.update(to_host(state.files(main), self._host_buffers)))
             or unshared_directory_error(accelerator, temporary_dir_for(state.output_dir))
         )
-        rank, processes, manifest = accelerator.process_index, accelerator.num_processes, state.manifest()
-        job = BackgroundStateWrite(
-            state.output_dir, contents, rank, processes, manifest if main else None, collective_timeout_s()
+        self._background = (
+            BackgroundStateWrite(
+                state.output_dir,
+                contents,
+                accelerator.process_index,
+                accelerator.num_processes,
+                state.layout.manifest(state.objects, state.position) if main else None,
+                collective_timeout_s(),
+            ),
+            state.position["global_step"],
         )
-        self._background = (job, state.position["global_step"])
 
     def wait(self) -> None:
         """What ``Trainer.wait_for_training_state`` does: wait until a state saved with
@@ -324,11 +329,7 @@ class TrainingStateStore:
         if not self._runs:  # saved outside a run: the folder is free once the state is
             self.release()
         try:
-            clean_up = functools.partial(remove_temporary, job.output_dir)
-            what, kept = "the training state", "the previous states are intact"
-            CollectiveSave(self._accelerator, what, job.output_dir, kept, clean_up).agree(
-                cast(Exception | None, error)
-            )
+            self._collective(job.output_dir).agree(cast(Exception | None, error))
         except files.CheckpointWriteError as failure:
             raise files.CheckpointWriteError(
                 failure.errno,
@@ -349,8 +350,7 @@ class TrainingStateStore:
         except BaseException:
             if self._background is not None:
                 (job, _), self._background = self._background, None
-                error = job.wait(grace_s=signal_grace_s())
-                if error is not None:
+                if (error := job.wait(grace_s=signal_grace_s())) is not None:
                     print_once_per_node(
                         self._accelerator,
                         f"The training state {job.output_dir}, written in the background, could not be saved: {error}",
@@ -404,10 +404,12 @@ class TrainingStateStore:
         if self._resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
             if objects.accelerator.is_main_process:
-                line = settings_checks.resume_line(
-                    objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
+                print_once_per_node(
+                    objects.accelerator,
+                    settings_checks.resume_line(
+                        objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
+                    ),
                 )
-                print_once_per_node(objects.accelerator, line)
         objects.run_state.pending_resume = {
             "callbacks": loaded.trainer_state["callbacks"],
             "rng": loaded.process_state["rng"],
@@ -428,34 +430,35 @@ class TrainingStateStore:
         problems: list[tuple[Path, Exception]] = []
         for directory in candidates:
             loaded: LoadedState | None = None
+            problem: Exception | None = None
             try:
                 loaded = layout_of(directory).read(directory, objects)
             except Exception as error:  # any failure to read a state is a reason to try the next one
-                problems.append((directory, error))
+                problem = error
             failed = ranks_where(self._accelerator, loaded is None)
-            if loaded is None and isinstance(problems[-1][1], sharded.ShardedStateError):
-                raise problems[-1][1]  # this run's configuration, not the state, is at fault: no fallback
+            if isinstance(problem, sharded.ShardedStateError):
+                raise problem  # this run's configuration, not the state, is at fault: no fallback
             if loaded is not None and not failed:
-                for bad, problem in problems:
+                for bad, skipped in problems:
                     warnings.warn(
-                        f"Skipped the training state {bad}: {problem} Resuming from {directory} instead.",
+                        f"Skipped the training state {bad}: {skipped} Resuming from {directory} instead.",
                         stacklevel=5,
                     )
                 return loaded
-            if loaded is not None:
-                problems.append(
-                    (
-                        directory,
-                        ValueError(
-                            f"process {', '.join(map(str, failed))} could not read it (its output says why)."
-                        ),
-                    )
+            problems.append(
+                (
+                    directory,
+                    problem
+                    or ValueError(
+                        f"process {', '.join(map(str, failed))} could not read it (its output says why)."
+                    ),
                 )
+            )
             if explicit:
                 raise problems[-1][1]
-        found = "; ".join(f"{directory.name}: {error}" for directory, error in problems)
         raise ValueError(
-            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: {found})."
+            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: "
+            f"{'; '.join(f'{directory.name}: {error}' for directory, error in problems)})."
         )
 
     @staticmethod
@@ -465,8 +468,7 @@ class TrainingStateStore:
         On resume this runs after ``on_training_run_start`` (callbacks set themselves up there;
         their saved state goes in after) and last of all, once nothing else can draw from the RNGs.
         """
-        pending = run_state.pending_resume
-        if pending is None:
+        if (pending := run_state.pending_resume) is None:
             return
         run_state.pending_resume = None
         if pending["callbacks"] is not None:  # None: a state that holds none (0.1.x)
@@ -494,24 +496,7 @@ class _StateSave:
             self.objects, self.position, self.extra, self.weights if writes_shared else None
         )
 
-    def manifest(self) -> dict[str, Any]:
-        run_state, step = self.objects.run_state, self.position["global_step"]
-        return {
-            **self.layout.manifest(self.objects, self.position),
-            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
-            "run_step": run_state.steps_before + step,
-            # What train() was given: a resume on another number of processes may change it.
-            "asked_accumulation_steps": run_state.asked_accumulation,
-        }
-
-    def clean_up(self) -> None:
-        remove_temporary(self.output_dir)
-
-
-def _listed(numbers: list[int]) -> str:
-    return ", ".join(map(str, numbers))
-
 
 def _nodes(nodes: list[int]) -> str:
     """``node 1`` or ``nodes 1, 2``."""
-    return f"node{'s' if len(nodes) > 1 else ''} {_listed(nodes)}"
+    return f"node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))}"
