@@ -8,6 +8,7 @@ join it, in :mod:`.launch_checks`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -58,11 +59,10 @@ def explain_collective_failure(accelerator: Any, where: str, error: BaseExceptio
     """Add a note to ``error``, a failed collective of several processes, saying which process
     failed ``where`` (see :func:`describe_position`), and that the real error is probably another
     process's."""
-    notes = getattr(error, "__notes__", [])
     if (
         accelerator.num_processes == 1
         or not is_collective_failure(error)
-        or any(_NOTE_MARK in n for n in notes)
+        or any(_NOTE_MARK in n for n in getattr(error, "__notes__", []))
     ):
         return
     rank, processes = accelerator.process_index, accelerator.num_processes
@@ -140,10 +140,9 @@ class SignalWatchdog:
         signal.set_wakeup_fd(self._previous_fd)
         # Wake the watching thread. Closing the writer would not: forked data-loader workers
         # hold copies of it. Shutting the reader down does, even if the buffer is full.
-        assert self._reader is not None
+        assert self._reader is not None and self._thread is not None
         self._reader.shutdown(socket.SHUT_RDWR)
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._thread.join(timeout=2)
         self._reader.close()
         self._writer.close()
         self._reader = self._writer = self._thread = None
@@ -200,13 +199,10 @@ class SignalWatchdog:
             f"Exiting with code {128 + signum} without saving; training states saved earlier are "
             f"intact. ({SIGNAL_GRACE_ENV} sets how long to wait.)"
         )
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is sys.stderr:
-                    stream.write(message + "\n")
+        for stream, text in ((sys.stdout, ""), (sys.stderr, message + "\n")):
+            with contextlib.suppress(Exception):  # a closed or broken stream must not keep the process alive
+                stream.write(text)
                 stream.flush()
-            except Exception:  # a closed or broken stream must not keep the process alive
-                pass
         os._exit(128 + signum)
 
     def _describe(self) -> str:
