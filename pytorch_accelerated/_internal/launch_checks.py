@@ -63,8 +63,9 @@ class Launch:
         if local_world_size.isdigit() and int(local_world_size) < self.world_size:
             return True
         address = self.master_addr.lower()
-        local = _LOOPBACK_NAMES | {socket.gethostname().lower()}
-        return address not in local and not address.startswith("127.")
+        return address not in _LOOPBACK_NAMES | {socket.gethostname().lower()} and not address.startswith(
+            "127."
+        )
 
 
 #: What torch's elastic agent sets in the environment of its workers: the restart count, the maximum.
@@ -129,8 +130,11 @@ def launch_to_check() -> Launch | None:
 def rendezvous_timeout_s(launch: Launch) -> float:
     """How long to wait for the processes of ``launch``: ``PT_ACC_RENDEZVOUS_TIMEOUT``, else
     60 s on one machine and 180 s when the processes may be on several."""
-    several = launch.several_machines()
-    default = DEFAULT_SEVERAL_MACHINES_RENDEZVOUS_TIMEOUT_S if several else DEFAULT_RENDEZVOUS_TIMEOUT_S
+    default = (
+        DEFAULT_SEVERAL_MACHINES_RENDEZVOUS_TIMEOUT_S
+        if launch.several_machines()
+        else DEFAULT_RENDEZVOUS_TIMEOUT_S
+    )
     return seconds_from_env(RENDEZVOUS_TIMEOUT_ENV, default)
 
 
@@ -157,7 +161,14 @@ def check_every_process_joins() -> None:
         raise RuntimeError(conflict)
     if store.add(f"{prefix}/{_JOINED}", 1) == launch.world_size:
         store.compare_set(f"{prefix}/done", "", _JOINED)
-    _wait_for_everyone(store, prefix, launch, timeout_s)
+    # Wait for the last process to check in (or for one to report a conflict).
+    try:
+        store.wait([f"{prefix}/done"], timedelta(seconds=timeout_s))
+    except RuntimeError as error:  # torch's DistStoreError: the time is up
+        raise RuntimeError(_missing_message(store, prefix, launch, timeout_s)) from error
+    outcome = store.get(f"{prefix}/done").decode()
+    if outcome != _JOINED:
+        raise RuntimeError(outcome)
 
 
 def _open_store(launch: Launch, timeout_s: float) -> torch.distributed.TCPStore:
@@ -214,19 +225,6 @@ def _claim_place(store: torch.distributed.TCPStore, prefix: str, launch: Launch)
             f"is another run on the same port."
         )
     return None
-
-
-def _wait_for_everyone(
-    store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float
-) -> None:
-    """Wait for the last process to check in (or for one to report a conflict)."""
-    try:
-        store.wait([f"{prefix}/done"], timedelta(seconds=timeout_s))
-    except RuntimeError as error:  # torch's DistStoreError: the time is up
-        raise RuntimeError(_missing_message(store, prefix, launch, timeout_s)) from error
-    outcome = store.get(f"{prefix}/done").decode()
-    if outcome != _JOINED:
-        raise RuntimeError(outcome)
 
 
 def _missing_message(store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float) -> str:
