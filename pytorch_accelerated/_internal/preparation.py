@@ -91,9 +91,11 @@ def prepare_together(
 ) -> tuple[Any, Any, Any]:
     """Prepare model, optimizer (if any) and training loader (if not prepared yet) in one
     ``prepare`` call; return the three, each unchanged where it was not passed."""
-    objects: list[Any] = [model]
-    objects += [optimizer] if optimizer is not None else []
-    objects += [train_loader] if needs_preparing(train_loader) else []
+    objects = [
+        model,
+        *([optimizer] if optimizer is not None else []),
+        *([train_loader] if needs_preparing(train_loader) else []),
+    ]
     prepared = list(accelerator.prepare(*objects)) if len(objects) > 1 else [accelerator.prepare(model)]
     model = prepared.pop(0)
     optimizer = prepared.pop(0) if optimizer is not None else None
