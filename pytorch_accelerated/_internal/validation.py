@@ -53,20 +53,18 @@ def check_trainer_arguments(model: Any, loss_func: Any, optimizer: Any) -> None:
         )
     if loss_func is not None and not callable(loss_func):
         raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
-    if optimizer is not None and not is_optimizer_like(optimizer):
+    # A torch optimizer, accelerate's DummyOptim, or anything with step and zero_grad.
+    if not (
+        optimizer is None
+        or isinstance(optimizer, (torch.optim.Optimizer, DummyOptim))
+        or (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None)))
+    ):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, accelerate's DummyOptim (DeepSpeed with "
             f"the optimizer in its config) or an object with step() and zero_grad() methods, got "
             f"{type(optimizer).__name__}. Create it from the model's parameters, e.g. "
             f"torch.optim.SGD(model.parameters(), lr=0.01)."
         )
-
-
-def is_optimizer_like(optimizer: Any) -> bool:
-    """A torch optimizer, accelerate's ``DummyOptim``, or anything with ``step`` and ``zero_grad``."""
-    return isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)) or (
-        callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
-    )
 
 
 def check_positive_number(value: Any, name: str) -> None:
