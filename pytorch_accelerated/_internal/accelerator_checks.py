@@ -81,9 +81,8 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
     accelerate 1.16 asked for fp16 on a CPU uses neither fp16 autocast nor a gradient scaler,
     and says nothing: the run is in full precision (fp32).
     """
-    requested = str(accelerator.mixed_precision)
     if (
-        requested != "fp16"
+        str(accelerator.mixed_precision) != "fp16"
         or accelerator.native_amp
         or accelerator.distributed_type in _ENGINES_WITH_OWN_PRECISION
     ):
@@ -114,9 +113,8 @@ def dropped_fsdp_message(accelerator: Accelerator) -> str | None:
     if engine == DistributedType.NO:
         instead = "a single process that holds the whole model and optimizer state"
     else:
-        backend = accelerator.state.backend or "its backend"
         instead = (
-            f"plain data parallelism (DDP over {backend}) on {accelerator.num_processes} {accelerator.device.type.upper()} "
+            f"plain data parallelism (DDP over {accelerator.state.backend or 'its backend'}) on {accelerator.num_processes} {accelerator.device.type.upper()} "
             f"processes, each holding the whole model and optimizer state"
         )
     return (
