@@ -43,8 +43,7 @@ def describe_position(handler: Any, progress: Any) -> str:
     """Where the run is (``handler``'s last event, ``progress``'s epoch and batch), for messages:
     ``after on_train_step_start of epoch 2 (training batch 3)``."""
     current, last = getattr(handler, "current_event", None), getattr(handler, "last_event", None)
-    event = f"during {current}" if current else f"after {last}" if last else "before the first event"
-    return f"{event} of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
+    return f"{f'during {current}' if current else f'after {last}' if last else 'before the first event'} of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -69,11 +68,14 @@ def explain_collective_failure(accelerator: Any, where: str, error: BaseExceptio
     if "Timed out" in str(error) or "timed out" in str(error):
         timeout = collective_timeout_s()
         # Which process is late is not known here, unless there is only one other.
-        late = (
-            f"rank {1 - rank}" if processes == 2 else f"at least one of the other {processes - 1} processes"
-        )
         note = (
-            f"rank {rank} waited {timeout:g} s in a {_NOTE_MARK} {where}, but {late} did not reach "
+            f"rank {rank} waited {timeout:g} s in a {_NOTE_MARK} {where}, but "
+            + (
+                f"rank {1 - rank}"
+                if processes == 2
+                else f"at least one of the other {processes - 1} processes"
+            )
+            + " did not reach "
             f"it in that time: it is slow (a long callback, save or data loading on that process "
             f"alone), stuck, or has failed; its output above says which. If it is only slow, shorten "
             f"that work or raise {COLLECTIVE_TIMEOUT_ENV} (now {timeout:g} seconds)."
@@ -190,10 +192,8 @@ class SignalWatchdog:
         return None if frame is None else (id(frame), frame.f_lasti)
 
     def _exit(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        rank = os.environ.get("RANK", "0")
         message = (
-            f"[rank {rank}] Received {name}, but this process has run no Python for "
+            f"[rank {os.environ.get('RANK', '0')}] Received {signal.Signals(signum).name}, but this process has run no Python for "
             f"{self.grace_s:g} s: it is stuck, probably in a collective operation that another "
             f"process no longer takes part in (did one fail?). It was {self._describe()}. "
             f"Exiting with code {128 + signum} without saving; training states saved earlier are "
