@@ -45,7 +45,13 @@ class Preparation:
         accelerator = self.accelerator
         model_pending = self.model is None or model is not self.model
         optimizer_pending = optimizer is not None and optimizer is not self.optimizer
-        if (model_pending or optimizer_pending) and prepares_together(accelerator, optimizer):
+        # DeepSpeed's engine (also with its DummyOptim) is built from the model, the optimizer and
+        # the training loader's batch size, so they go to one prepare call; FSDP's wrapping
+        # replaces the parameters that the optimizer must then hold.
+        if (model_pending or optimizer_pending) and (
+            accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+            or isinstance(optimizer, DummyOptim)
+        ):
             model, optimizer, train_loader = prepare_together(accelerator, model, optimizer, train_loader)
             self.model, self.optimizer, self.direct_steps = model, optimizer, False
         if self.model is None or model is not self.model:
@@ -76,14 +82,6 @@ def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bo
         if direct and isinstance(prepared, AcceleratedOptimizer)
         else (prepared, direct)
     )
-
-
-def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
-    """True under DeepSpeed (or with its ``DummyOptim``): its engine is built from the model,
-    the optimizer and the training loader's batch size, so they go to one ``prepare`` call; and
-    under FSDP, whose wrapping replaces the parameters that the optimizer must then hold."""
-    engines = (DistributedType.DEEPSPEED, DistributedType.FSDP)
-    return accelerator.distributed_type in engines or isinstance(optimizer, DummyOptim)
 
 
 def prepare_together(
