@@ -4,6 +4,7 @@ process agrees on, and its destruction when the interpreter exits."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 from datetime import timedelta
@@ -27,16 +28,13 @@ def seconds_from_env(name: str, default: float) -> float:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
-            f"The environment variable {name}={text!r} must be a positive number of seconds, "
-            f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
-        )
-    return seconds
+    with contextlib.suppress(ValueError):  # not a number: the error below
+        if math.isfinite(seconds := float(text)) and seconds > 0:
+            return seconds
+    raise ValueError(
+        f"The environment variable {name}={text!r} must be a positive number of seconds, "
+        f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
+    )
 
 
 def collective_timeout_s() -> float:
@@ -57,9 +55,10 @@ def default_accelerator() -> Accelerator:
     """The Trainer's Accelerator (configured by ``accelerate config`` / ``launch`` / the environment as
     usual): collectives time out after :func:`collective_timeout_s`, and a group of processes
     launched on a machine with no accelerator forms a CPU (gloo) group."""
-    launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return Accelerator(
-        cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
+        cpu=int(os.environ.get("WORLD_SIZE", "1")) > 1
+        and not has_accelerator_device(),  # launched as a group
+        kwargs_handlers=process_group_kwargs(),
     )
 
 
