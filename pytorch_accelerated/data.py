@@ -109,8 +109,11 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.num_processes = num_processes
         self.process_index = process_index
-        fewest = num_samples // num_processes  # the samples of the shortest process
-        self.num_batches = max(1, min(math.ceil(math.ceil(num_samples / num_processes) / batch_size), fewest))
+        # No more batches than the shortest process has samples (num_samples // num_processes).
+        self.num_batches = max(
+            1,
+            min(math.ceil(math.ceil(num_samples / num_processes) / batch_size), num_samples // num_processes),
+        )
         self.indices = range(process_index, num_samples, num_processes)
         #: Batches holding this process's own samples: all, or none (a process without samples).
         self.num_real_batches = self.num_batches if self.indices else 0
@@ -122,9 +125,8 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         start, count = 0, len(self.indices)
         largest = max(self.batch_size, math.ceil(count / self.num_batches))
         for batch_number in range(self.num_batches):
-            batches_after = self.num_batches - batch_number - 1
             # Leave at least one sample for each batch still to come, so none is empty.
-            size = min(largest, count - start - batches_after)
+            size = min(largest, count - start - (self.num_batches - batch_number - 1))
             yield list(self.indices[start : start + size])
             start += size
 
@@ -207,20 +209,18 @@ class ShardedStreamLoader(DeviceDataLoader):
         return math.ceil(len(self.dataloader) / self.num_processes)
 
     def __iter__(self) -> Iterator[Any]:
-        self._real_batches = None
-        batches = iter(self.dataloader)
-        for number in itertools.count():
-            round_of_batches = list(itertools.islice(batches, self.num_processes))
-            if len(round_of_batches) == self.num_processes:
-                yield self._to_device(round_of_batches[self.process_index])
-                continue
-            self._real_batches = number  # the stream ended: its last round shared out, or nothing
-            if round_of_batches:
-                shares = last_round_shares(round_of_batches, self.num_processes)
-                real = self.process_index < len(shares)
-                self._real_batches += real
-                yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
-            return
+        self._real_batches, number, batches = None, 0, iter(self.dataloader)
+        while (
+            len(round_of_batches := list(itertools.islice(batches, self.num_processes))) == self.num_processes
+        ):
+            yield self._to_device(round_of_batches[self.process_index])
+            number += 1
+        self._real_batches = number  # the stream ended: its last round shared out, or nothing
+        if round_of_batches:
+            shares = last_round_shares(round_of_batches, self.num_processes)
+            real = self.process_index < len(shares)
+            self._real_batches += real
+            yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
 
 
 def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
@@ -425,8 +425,11 @@ def check_same_data_on_every_process(accelerator: Accelerator, datasets: dict[st
     if accelerator.num_processes == 1:
         return
     local = [value for dataset in datasets.values() for value in dataset_fingerprint(dataset)]
-    rows = accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
-    table = rows.reshape(accelerator.num_processes, -1).tolist()
+    table = (
+        accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
+        .reshape(accelerator.num_processes, -1)
+        .tolist()
+    )
     for slot, name in enumerate(datasets):
         seen = [tuple(row[2 * slot : 2 * slot + 2]) for row in table]
         if len(set(seen)) == 1:
