@@ -85,8 +85,7 @@ class _Expression(_Arithmetic):
     def resolve(self, trainer: RunWithLoaders) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
-            if is_placeholder(operand):
-                operand = operand.resolve(trainer)
+            operand = operand.resolve(trainer) if is_placeholder(operand) else operand
             value = int(value) if op == "int" else value * operand if op == "*" else value + operand
         return value
 
@@ -119,8 +118,7 @@ def _dataloader_len(placeholder: str, loader: str, what: str) -> Callable[[Any],
 def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
     def get(trainer: RunWithLoaders) -> Any:
         config = trainer.run_config
-        steps_unknown = getattr(config, "num_update_steps_per_epoch", 0) is None
-        if steps_unknown and (
+        if getattr(config, "num_update_steps_per_epoch", 0) is None and (
             name != "num_epochs" or getattr(config, "max_num_train_steps", None) is not None
         ):
             raise _unknown_length(placeholder, "training")
