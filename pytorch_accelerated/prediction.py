@@ -111,8 +111,10 @@ def predict(
                 if structure is None:
                     structure, paths = outputs, [path for path, _ in leaves]
                 check_batch_leaves(leaves, paths, len(sample_indices))
-                indices = torch.tensor(sample_indices, dtype=torch.int64, device=accelerator.device)
-                tensors = [indices, *(tensor.detach() for _, tensor in leaves)]
+                tensors = [
+                    torch.tensor(sample_indices, dtype=torch.int64, device=accelerator.device),
+                    *(tensor.detach() for _, tensor in leaves),
+                ]
                 gathered.append(gather_rows(accelerator, tensors, padding_value, padding()))
     finally:
         model.train(was_training)
@@ -222,9 +224,13 @@ def gather_rows(
     dims beyond 0 first padded to the largest on any process; a ``padding`` batch (zero rows)
     adds no row and its sizes do not count."""
     if accelerator.num_processes > 1:
-        local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]]
-        sizes = torch.tensor(local or [0], dtype=torch.int64, device=accelerator.device)
-        largest = accelerator.gather(sizes).reshape(accelerator.num_processes, -1).amax(dim=0).tolist()
+        local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]] or [0]
+        largest = (
+            accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
+            .reshape(accelerator.num_processes, -1)
+            .amax(dim=0)
+            .tolist()
+        )
         sizes = iter(largest)  # each tensor's dims beyond 0 take the next sizes
         tensors = [
             pad_to(tensor, list(itertools.islice(sizes, tensor.dim() - 1)), padding_value)
