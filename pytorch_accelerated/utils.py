@@ -112,8 +112,7 @@ class DataLoaderSlice:
         self.slice_size = value
 
     def __len__(self) -> int:
-        length = len(self.dl)
-        return length if self.slice_size is None else min(length, self.slice_size)
+        return len(self.dl) if self.slice_size is None else min(len(self.dl), self.slice_size)
 
     def __iter__(self) -> Iterator[Any]:
         if self.slice_size == 0:  # without starting the loader
@@ -250,9 +249,7 @@ class ModelEma(nn.Module):
                 f"such as 0.999 or 0.9999, are usual; the average covers about 1 / (1 - decay) updates."
             )
         self.decay = float(decay)
-        self.module = deepcopy(_unwrap(model))
-        self.module.eval()
-        self.module.requires_grad_(False)
+        self.module = deepcopy(_unwrap(model)).eval().requires_grad_(False)
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -261,14 +258,16 @@ class ModelEma(nn.Module):
         Raises:
             ValueError: If the model's parameters or buffers do not match the average's.
         """
-        ema_floats: list[torch.Tensor] = []
-        floats: list[torch.Tensor] = []
-        for ema_tensor, tensor in self._paired_tensors(model):
-            if ema_tensor.is_floating_point():
-                ema_floats.append(ema_tensor)
-                floats.append(tensor.to(device=ema_tensor.device, dtype=ema_tensor.dtype))
-            else:  # counts such as num_batches_tracked: an average of counts means nothing
+        pairs = self._paired_tensors(model)
+        for ema_tensor, tensor in pairs:
+            if (
+                not ema_tensor.is_floating_point()
+            ):  # counts such as num_batches_tracked: an average means nothing
                 ema_tensor.copy_(tensor)
+        ema_floats = [ema_tensor for ema_tensor, _ in pairs if ema_tensor.is_floating_point()]
+        floats = [
+            tensor.to(device=ema.device, dtype=ema.dtype) for ema, tensor in pairs if ema.is_floating_point()
+        ]
         if type(self).update_fn is not ModelEma.update_fn:  # a subclass's own average
             for ema_tensor, tensor in zip(ema_floats, floats, strict=True):
                 ema_tensor.copy_(self.update_fn(ema_tensor, tensor))
