@@ -90,8 +90,9 @@ class RunLoaders:
         run_state.train_sampler = None
         self.train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(dataset):
-            seed = self.seed if self.seed is not None else shared_random_seed(self.accelerator)
-            kwargs["sampler"] = run_state.train_sampler = ReproducibleShuffleSampler(len(dataset), seed)
+            kwargs["sampler"] = run_state.train_sampler = ReproducibleShuffleSampler(
+                len(dataset), self.seed if self.seed is not None else shared_random_seed(self.accelerator)
+            )
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
 
     def make_eval_loader(

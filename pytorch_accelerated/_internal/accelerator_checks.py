@@ -114,7 +114,8 @@ def dropped_fsdp_message(accelerator: Accelerator) -> str | None:
         instead = "a single process that holds the whole model and optimizer state"
     else:
         instead = (
-            f"plain data parallelism (DDP over {accelerator.state.backend or 'its backend'}) on {accelerator.num_processes} {accelerator.device.type.upper()} "
+            f"plain data parallelism (DDP over {accelerator.state.backend or 'its backend'}) on "
+            f"{accelerator.num_processes} {accelerator.device.type.upper()} "
             f"processes, each holding the whole model and optimizer state"
         )
     return (

@@ -43,7 +43,10 @@ def describe_position(handler: Any, progress: Any) -> str:
     """Where the run is (``handler``'s last event, ``progress``'s epoch and batch), for messages:
     ``after on_train_step_start of epoch 2 (training batch 3)``."""
     current, last = getattr(handler, "current_event", None), getattr(handler, "last_event", None)
-    return f"{f'during {current}' if current else f'after {last}' if last else 'before the first event'} of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
+    return (
+        f"{f'during {current}' if current else f'after {last}' if last else 'before the first event'} "
+        f"of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
+    )
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -193,7 +196,8 @@ class SignalWatchdog:
 
     def _exit(self, signum: int) -> None:
         message = (
-            f"[rank {os.environ.get('RANK', '0')}] Received {signal.Signals(signum).name}, but this process has run no Python for "
+            f"[rank {os.environ.get('RANK', '0')}] Received {signal.Signals(signum).name}, but this "
+            f"process has run no Python for "
             f"{self.grace_s:g} s: it is stuck, probably in a collective operation that another "
             f"process no longer takes part in (did one fail?). It was {self._describe()}. "
             f"Exiting with code {128 + signum} without saving; training states saved earlier are "

@@ -63,8 +63,10 @@ class Launch:
         if local_world_size.isdigit() and int(local_world_size) < self.world_size:
             return True
         address = self.master_addr.lower()
-        return address not in _LOOPBACK_NAMES | {socket.gethostname().lower()} and not address.startswith(
-            "127."
+        return not (
+            address in _LOOPBACK_NAMES
+            or address == socket.gethostname().lower()
+            or address.startswith("127.")
         )
 
 

@@ -55,10 +55,9 @@ def default_accelerator() -> Accelerator:
     """The Trainer's Accelerator (configured by ``accelerate config`` / ``launch`` / the environment as
     usual): collectives time out after :func:`collective_timeout_s`, and a group of processes
     launched on a machine with no accelerator forms a CPU (gloo) group."""
+    launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return Accelerator(
-        cpu=int(os.environ.get("WORLD_SIZE", "1")) > 1
-        and not has_accelerator_device(),  # launched as a group
-        kwargs_handlers=process_group_kwargs(),
+        cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
     )
 
 

@@ -86,7 +86,8 @@ def check_callbacks(callbacks: Any) -> None:
     if hasattr(callbacks, "custom_events"):  # one TrainerCallback, or one class of them
         name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
         raise TypeError(
-            f"callbacks must be a list of callbacks, got one {name}: pass a list: callbacks=[{name if isinstance(callbacks, type) else f'{name}()'}]."
+            f"callbacks must be a list of callbacks, got one {name}: pass a list: "
+            f"callbacks=[{name if isinstance(callbacks, type) else f'{name}()'}]."
         )
     raise TypeError(f"callbacks must be a list of TrainerCallback instances or classes, got {callbacks!r}.")
 
