@@ -109,8 +109,11 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.num_processes = num_processes
         self.process_index = process_index
-        fewest = num_samples // num_processes  # the samples of the shortest process
-        self.num_batches = max(1, min(math.ceil(math.ceil(num_samples / num_processes) / batch_size), fewest))
+        # No more batches than the shortest process has samples (num_samples // num_processes).
+        self.num_batches = max(
+            1,
+            min(math.ceil(math.ceil(num_samples / num_processes) / batch_size), num_samples // num_processes),
+        )
         self.indices = range(process_index, num_samples, num_processes)
         #: Batches holding this process's own samples: all, or none (a process without samples).
         self.num_real_batches = self.num_batches if self.indices else 0
@@ -122,9 +125,8 @@ class ShardedEvalBatchSampler(Sampler[list[int]]):
         start, count = 0, len(self.indices)
         largest = max(self.batch_size, math.ceil(count / self.num_batches))
         for batch_number in range(self.num_batches):
-            batches_after = self.num_batches - batch_number - 1
             # Leave at least one sample for each batch still to come, so none is empty.
-            size = min(largest, count - start - batches_after)
+            size = min(largest, count - start - (self.num_batches - batch_number - 1))
             yield list(self.indices[start : start + size])
             start += size
 
@@ -165,18 +167,15 @@ class DeviceDataLoader:
         """accelerate's ``send_to_device``, with a shortcut for the usual batch (a tuple or list
         of tensors) that saves a few microseconds per batch (docs/benchmarks.md, evaluation):
         a tensor already on the device is kept, as ``.to()`` would return it, without the call."""
-        kind = type(batch)
-        if kind is tuple or kind is list:
-            device, moved = self.device, []
-            for item in batch:
-                if type(item) is not torch.Tensor:
-                    break  # something else inside: send_to_device knows what to do with it
-                moved.append(
-                    item if item.device == device else item.to(device, non_blocking=self.non_blocking)
-                )
-            else:
-                return moved if kind is list else tuple(moved)
-        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+        kind, device = type(batch), self.device
+        # A batch with anything else inside goes to send_to_device, which knows what to do with it.
+        if (kind is tuple or kind is list) and all(type(item) is torch.Tensor for item in batch):
+            moved = [
+                item if item.device == device else item.to(device, non_blocking=self.non_blocking)
+                for item in batch
+            ]
+            return moved if kind is list else tuple(moved)
+        return send_to_device(batch, device, non_blocking=self.non_blocking)
 
 
 class ShardedStreamLoader(DeviceDataLoader):
@@ -210,20 +209,18 @@ class ShardedStreamLoader(DeviceDataLoader):
         return math.ceil(len(self.dataloader) / self.num_processes)
 
     def __iter__(self) -> Iterator[Any]:
-        self._real_batches = None
-        batches = iter(self.dataloader)
-        for number in itertools.count():
-            round_of_batches = list(itertools.islice(batches, self.num_processes))
-            if len(round_of_batches) == self.num_processes:
-                yield self._to_device(round_of_batches[self.process_index])
-                continue
-            self._real_batches = number  # the stream ended: its last round shared out, or nothing
-            if round_of_batches:
-                shares = last_round_shares(round_of_batches, self.num_processes)
-                real = self.process_index < len(shares)
-                self._real_batches += real
-                yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
-            return
+        self._real_batches, number, batches = None, 0, iter(self.dataloader)
+        while (
+            len(round_of_batches := list(itertools.islice(batches, self.num_processes))) == self.num_processes
+        ):
+            yield self._to_device(round_of_batches[self.process_index])
+            number += 1
+        self._real_batches = number  # the stream ended: its last round shared out, or nothing
+        if round_of_batches:
+            shares = last_round_shares(round_of_batches, self.num_processes)
+            real = self.process_index < len(shares)
+            self._real_batches += real
+            yield self._to_device(shares[self.process_index] if real else zero_rows(round_of_batches[0]))
 
 
 def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
@@ -239,11 +236,10 @@ def last_round_shares(batches: list[Any], num_processes: int) -> list[Any]:
             break
         middle = (start + stop + 1) // 2  # type: ignore[operator]
         pieces[largest : largest + 1] = [(batch, start, middle), (batch, middle, stop)]
-    shares = [
+    return [
         batch if (start, stop) == (0, num_rows(batch)) else select_rows(batch, slice(start, stop))
         for batch, start, stop in pieces
     ]
-    return shares
 
 
 def num_rows(batch: Any) -> int | None:
@@ -251,12 +247,12 @@ def num_rows(batch: Any) -> int | None:
     per-sample values, as :func:`select_rows` sees it; None where it has neither."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else None
-    values = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(batch, (list, tuple)) and not _holds_structure(batch):
         return len(batch)
-    if isinstance(batch, (Mapping, list, tuple)):
-        return next((rows for value in values if (rows := num_rows(value)) is not None), None)
-    return None
+    values = (
+        batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    )
+    return next((rows for value in values if (rows := num_rows(value)) is not None), None)
 
 
 def _holds_structure(values: list[Any] | tuple[Any, ...]) -> bool:
@@ -357,28 +353,25 @@ def worker_init_fn(worker_id: int) -> None:
 def default_dataloader_kwargs(
     dataset: Any, batch_size: int, device: torch.device, seed: int | None, local_processes: int
 ) -> dict[str, Any]:
-    """The Trainer's default ``DataLoader`` arguments (before ``shuffle`` is set for train or eval)."""
-    kwargs: dict[str, Any] = {
+    """The Trainer's default ``DataLoader`` arguments (before ``shuffle`` is set for train or eval).
+
+    Worker processes load the data only where loading can overlap accelerator work: none on the
+    CPU (where they compete with the training threads for the same cores) or for small data
+    sets (they cost a start-up per epoch). Their base seed comes from the loader's ``generator``,
+    seeded with ``seed``, not from the global RNG.
+    """
+    no_workers = device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size
+    return {
         "batch_size": batch_size,
         "pin_memory": device.type == "cuda",
-        "num_workers": default_num_workers(dataset, batch_size, device, local_processes),
+        "num_workers": 0
+        if no_workers
+        else max(
+            1, min(8, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes)))
+        ),
         "worker_init_fn": worker_init_fn,
+        **({"generator": torch.Generator().manual_seed(seed)} if seed is not None else {}),
     }
-    if seed is not None:
-        # Workers' base seed comes from this generator, not from the global RNG.
-        kwargs["generator"] = torch.Generator().manual_seed(seed)
-    return kwargs
-
-
-def default_num_workers(dataset: Any, batch_size: int, device: torch.device, local_processes: int) -> int:
-    """Worker processes for loading ``dataset``: none on the CPU or for small data sets.
-
-    Workers cost a start-up per epoch and, on the CPU, compete with the training threads for
-    the same cores: they are only used where loading can overlap accelerator work.
-    """
-    if device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
-        return 0
-    return max(1, min(8, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))))
 
 
 def shard_evaluation(
@@ -395,16 +388,11 @@ def shard_evaluation(
 def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``overrides`` over ``defaults``, dropping the defaults that a given sampler or batch
     sampler replaces, and the worker arguments when there are no workers."""
-    kwargs = {**defaults, **(overrides or {})}
-    if "sampler" in (overrides or {}):
-        kwargs.pop("shuffle", None)
-    if "batch_sampler" in (overrides or {}):
-        for key in ("batch_size", "shuffle", "sampler", "drop_last"):
-            kwargs.pop(key, None)
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("worker_init_fn", None)
-        kwargs.pop("persistent_workers", None)
-    return kwargs
+    given, kwargs = overrides or {}, {**defaults, **(overrides or {})}
+    dropped = {"shuffle"} if "sampler" in given else set()
+    dropped |= {"batch_size", "shuffle", "sampler", "drop_last"} if "batch_sampler" in given else set()
+    dropped |= {"worker_init_fn", "persistent_workers"} if kwargs.get("num_workers", 0) == 0 else set()
+    return {key: value for key, value in kwargs.items() if key not in dropped}
 
 
 def dataset_fingerprint(dataset: Any) -> tuple[int, int]:
@@ -416,18 +404,16 @@ def dataset_fingerprint(dataset: Any) -> tuple[int, int]:
     """
     if not is_map_style(dataset):
         return -1, 0
-    digest = hashlib.blake2b(digest_size=7)  # 56 bits: a non-negative int64
-    subsets = 0
-    pending = [dataset]
+    pending, hashed = [dataset], []
     while pending:
         current = pending.pop()
         if isinstance(current, Subset):
-            digest.update(torch.as_tensor(list(current.indices), dtype=torch.int64).numpy().tobytes())
-            subsets += 1
+            hashed.append(torch.as_tensor(list(current.indices), dtype=torch.int64).numpy().tobytes())
             pending.append(current.dataset)
         elif isinstance(current, ConcatDataset):
             pending.extend(current.datasets)
-    return len(dataset), int.from_bytes(digest.digest(), "little") if subsets else 0
+    digest = hashlib.blake2b(b"".join(hashed), digest_size=7).digest()  # 56 bits: a non-negative int64
+    return len(dataset), int.from_bytes(digest, "little") if hashed else 0
 
 
 def check_same_data_on_every_process(accelerator: Accelerator, datasets: dict[str, Any]) -> None:
@@ -439,8 +425,11 @@ def check_same_data_on_every_process(accelerator: Accelerator, datasets: dict[st
     if accelerator.num_processes == 1:
         return
     local = [value for dataset in datasets.values() for value in dataset_fingerprint(dataset)]
-    rows = accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
-    table = rows.reshape(accelerator.num_processes, -1).tolist()
+    table = (
+        accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
+        .reshape(accelerator.num_processes, -1)
+        .tolist()
+    )
     for slot, name in enumerate(datasets):
         seen = [tuple(row[2 * slot : 2 * slot + 2]) for row in table]
         if len(set(seen)) == 1:

@@ -149,15 +149,14 @@ class ModelFreezer:
         three fields.
         """
         num_groups = self.num_groups
-        named_layers = []
-        for group_index, (group_name, group) in enumerate(self.model.named_children()):
-            for name, module in group.named_modules(prefix=group_name):
-                owns_params = next(module.parameters(recurse=False), None) is not None
-                is_leaf = next(module.children(), None) is None
-                if owns_params or is_leaf:
-                    layer = Layer((group_index, group_index - num_groups), module, _layer_is_frozen(module))
-                    named_layers.append((name, layer))
-        return named_layers
+        return [
+            (name, Layer((group_index, group_index - num_groups), module, _layer_is_frozen(module)))
+            for group_index, (group_name, group) in enumerate(self.model.named_children())
+            for name, module in group.named_modules(prefix=group_name)
+            # a module that owns parameters, or a leaf
+            if next(module.parameters(recurse=False), None) is not None
+            or next(module.children(), None) is None
+        ]
 
     def get_trainable_parameters(self) -> list[nn.Parameter]:
         """Returns the model's parameters that require gradients: the ones to give an optimizer."""
@@ -217,19 +216,19 @@ class ModelFreezer:
         return unfrozen
 
     def _managed_modules(self, from_index: int, to_index: int) -> Iterator[tuple[int, nn.Module]]:
-        """Yields ``(group_index, module)`` for every module this freezer manages in the range.
+        """Returns ``(group_index, module)`` for every module this freezer manages in the range.
 
         Modes are set module by module rather than with ``group.train()``, which would recurse into
         batch-norm layers that must keep their mode.
         """
         first, last = sorted((self._resolve_index(from_index), self._resolve_index(to_index)))
-        for group_index, group in enumerate(self.model.children()):
-            if not first <= group_index <= last:
-                continue
-            for module in group.modules():
-                if isinstance(module, _BatchNorm) and not self.freeze_batch_norms:
-                    continue
-                yield group_index, module
+        return (
+            (group_index, module)
+            for group_index, group in enumerate(self.model.children())
+            if first <= group_index <= last
+            for module in group.modules()
+            if self.freeze_batch_norms or not isinstance(module, _BatchNorm)
+        )
 
     def _resolve_index(self, index: int) -> int:
         """Turns a possibly negative group index into a non-negative one, checking its range."""

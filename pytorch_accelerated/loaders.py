@@ -90,8 +90,9 @@ class RunLoaders:
         run_state.train_sampler = None
         self.train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(dataset):
-            seed = self.seed if self.seed is not None else shared_random_seed(self.accelerator)
-            kwargs["sampler"] = run_state.train_sampler = ReproducibleShuffleSampler(len(dataset), seed)
+            kwargs["sampler"] = run_state.train_sampler = ReproducibleShuffleSampler(
+                len(dataset), self.seed if self.seed is not None else shared_random_seed(self.accelerator)
+            )
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
 
     def make_eval_loader(
@@ -105,8 +106,11 @@ class RunLoaders:
         """The evaluation loader: unless the user ``given`` arguments name a sampler or it is shuffled,
         every process gets its own share of a map-style data set's samples, each sample exactly
         once, in the same number of batches (a :class:`~pytorch_accelerated.data.ShardedEvalBatchSampler`)."""
-        custom_order = any(key in (given or {}) for key in ("sampler", "batch_sampler"))
-        if is_map_style(dataset) and not custom_order and not kwargs.get("shuffle"):
+        if (
+            is_map_style(dataset)
+            and not {"sampler", "batch_sampler"} & set(given or {})
+            and not kwargs.get("shuffle")
+        ):
             kwargs = shard_evaluation(
                 kwargs,
                 len(dataset),
@@ -118,11 +122,10 @@ class RunLoaders:
 
     def eval_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The batches of an evaluation loader, with :attr:`eval_batch_is_padding` set for each."""
-        real = None
         try:
             for number, batch in enumerate(loader):
-                if real is None:  # a stream's loader knows it only at its end; then it stays
-                    real = getattr(loader, "num_real_batches", None)
+                # A stream's loader knows it only at its end; then it stays.
+                real = getattr(loader, "num_real_batches", None)
                 self.eval_batch_is_padding = real is not None and number >= real
                 yield batch
         finally:

@@ -39,7 +39,31 @@ class RunWithLoaders(Protocol):
     def eval_dataloader(self) -> Any: ...
 
 
-class _Expression:
+class _Arithmetic:
+    """``* k`` and ``+ k`` (either side) of a placeholder or an expression; ``-`` is refused."""
+
+    def _then(self, op: str, operand: Any) -> _Expression:
+        raise NotImplementedError
+
+    def __mul__(self, other: Any) -> _Expression:
+        return self._then("*", other)
+
+    def __add__(self, other: Any) -> _Expression:
+        return self._then("+", other)
+
+    __rmul__ = __mul__
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> _Expression:
+        raise NotImplementedError(
+            "Placeholders support only `* k` and `+ k` (as in pytorch-accelerated 0.1.61), not `-`; "
+            "write `placeholder + (-k)` to subtract k."
+        )
+
+    __rsub__ = __sub__
+
+
+class _Expression(_Arithmetic):
     """A placeholder with arithmetic applied to it, e.g. ``NUM_EPOCHS * 2 + 1``."""
 
     def __init__(self, placeholder: TrainerPlaceholderValues, ops: tuple[tuple[str, Any], ...] = ()):
@@ -51,29 +75,17 @@ class _Expression:
         """The name of the placeholder the expression starts from, e.g. ``"NUM_EPOCHS"``."""
         return self.placeholder.name
 
-    def __mul__(self, other: Any) -> _Expression:
-        return _Expression(self.placeholder, (*self.ops, ("*", other)))
-
-    def __add__(self, other: Any) -> _Expression:
-        return _Expression(self.placeholder, (*self.ops, ("+", other)))
-
-    __rmul__ = __mul__
-    __radd__ = __add__
-
-    def __sub__(self, other: Any) -> _Expression:
-        raise _no_subtraction()
-
-    __rsub__ = __sub__
+    def _then(self, op: str, operand: Any) -> _Expression:
+        return _Expression(self.placeholder, (*self.ops, (op, operand)))
 
     def as_int(self) -> _Expression:
         """Return this expression truncated to an ``int`` once resolved (``int(value)``)."""
-        return _Expression(self.placeholder, (*self.ops, ("int", None)))
+        return self._then("int", None)
 
     def resolve(self, trainer: RunWithLoaders) -> Any:
         value = self.placeholder.resolve(trainer)
         for op, operand in self.ops:
-            if is_placeholder(operand):
-                operand = operand.resolve(trainer)
+            operand = operand.resolve(trainer) if is_placeholder(operand) else operand
             value = int(value) if op == "int" else value * operand if op == "*" else value + operand
         return value
 
@@ -82,13 +94,6 @@ class _Expression:
         for op, operand in self.ops:
             text = f"int({text})" if op == "int" else f"{text} {op} {operand!r}"
         return text
-
-
-def _no_subtraction() -> NotImplementedError:
-    return NotImplementedError(
-        "Placeholders support only `* k` and `+ k` (as in pytorch-accelerated 0.1.61), not `-`; "
-        "write `placeholder + (-k)` to subtract k."
-    )
 
 
 def _unknown_length(placeholder: str, what: str) -> ValueError:
@@ -113,8 +118,7 @@ def _dataloader_len(placeholder: str, loader: str, what: str) -> Callable[[Any],
 def _run_config_field(name: str, placeholder: str) -> Callable[[Any], Any]:
     def get(trainer: RunWithLoaders) -> Any:
         config = trainer.run_config
-        steps_unknown = getattr(config, "num_update_steps_per_epoch", 0) is None
-        if steps_unknown and (
+        if getattr(config, "num_update_steps_per_epoch", 0) is None and (
             name != "num_epochs" or getattr(config, "max_num_train_steps", None) is not None
         ):
             raise _unknown_length(placeholder, "training")
@@ -136,7 +140,7 @@ _RESOLVERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-class TrainerPlaceholderValues(Enum):
+class TrainerPlaceholderValues(_Arithmetic, Enum):
     """Values of a training run that are known only once ``train()`` has started.
 
     ``NUM_UPDATE_STEPS_PER_EPOCH`` counts optimizer updates, which happen on every process at
@@ -169,19 +173,8 @@ class TrainerPlaceholderValues(Enum):
         """Return the names of the placeholders, e.g. ``{"NUM_EPOCHS", ...}``."""
         return {member.name for member in cls}
 
-    def __mul__(self, other: Any) -> _Expression:
-        return _Expression(self) * other
-
-    def __add__(self, other: Any) -> _Expression:
-        return _Expression(self) + other
-
-    __rmul__ = __mul__
-    __radd__ = __add__
-
-    def __sub__(self, other: Any) -> _Expression:
-        raise _no_subtraction()
-
-    __rsub__ = __sub__
+    def _then(self, op: str, operand: Any) -> _Expression:
+        return _Expression(self, ((op, operand),))
 
 
 def is_placeholder(value: Any) -> bool:

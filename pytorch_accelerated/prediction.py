@@ -13,8 +13,10 @@ in data-set order by those indices.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
@@ -94,41 +96,29 @@ def predict(
     """
     was_training = model.training
     model.eval()
-    try:
-        with torch.no_grad():
-            structure, gathered = _predict_batches(
-                accelerator, loader, batches, predict_batch, padding, padding_value
-            )
-    finally:
-        model.train(was_training)
-    return in_dataset_order(structure, gathered, num_samples, padding_value)
-
-
-def _predict_batches(
-    accelerator: Accelerator,
-    loader: DeviceDataLoader,
-    batches: Iterable[Any],
-    predict_batch: Callable[[Any], Any],
-    padding: Callable[[], bool],
-    padding_value: float,
-) -> tuple[Any, list[list[torch.Tensor]]]:
-    """Predict each batch and gather it from every process; return the first batch's outputs
-    (their structure) and, per batch, ``[sample indices, *output tensors]`` on the CPU."""
+    # Each batch is predicted and gathered from every process: the first batch's outputs give
+    # the structure; ``gathered`` holds, per batch, ``[sample indices, *output tensors]`` on the CPU.
     structure: Any = None
     paths: list[str] = []
     gathered: list[list[torch.Tensor]] = []
-    for batch, sample_indices in zip(batches, loader.batch_sampler, strict=True):
-        outputs = predict_batch(batch)
-        if padding():  # a batch of zero rows (the sampler names the sample it was cut from)
-            sample_indices = []
-        leaves = output_leaves(outputs)
-        if structure is None:
-            structure, paths = outputs, [path for path, _ in leaves]
-        check_batch_leaves(leaves, paths, len(sample_indices))
-        indices = torch.tensor(sample_indices, dtype=torch.int64, device=accelerator.device)
-        tensors = [indices, *(tensor.detach() for _, tensor in leaves)]
-        gathered.append(gather_rows(accelerator, tensors, padding_value, padding()))
-    return structure, gathered
+    try:
+        with torch.no_grad():
+            for batch, sample_indices in zip(batches, loader.batch_sampler, strict=True):
+                outputs = predict_batch(batch)
+                if padding():  # a batch of zero rows (the sampler names the sample it was cut from)
+                    sample_indices = []
+                leaves = output_leaves(outputs)
+                if structure is None:
+                    structure, paths = outputs, [path for path, _ in leaves]
+                check_batch_leaves(leaves, paths, len(sample_indices))
+                tensors = [
+                    torch.tensor(sample_indices, dtype=torch.int64, device=accelerator.device),
+                    *(tensor.detach() for _, tensor in leaves),
+                ]
+                gathered.append(gather_rows(accelerator, tensors, padding_value, padding()))
+    finally:
+        model.train(was_training)
+    return in_dataset_order(structure, gathered, num_samples, padding_value)
 
 
 def model_outputs(model: nn.Module, batch: Any) -> Any:
@@ -207,9 +197,8 @@ def check_batch_leaves(leaves: list[tuple[str, torch.Tensor]], paths: list[str],
         )
     for path, tensor in leaves:
         if tensor.dim() == 0 or tensor.shape[0] != num_samples:
-            shape = tuple(tensor.shape)
             raise ValueError(
-                f"calculate_predict_batch_outputs returned {path} of shape {shape} for a batch of "
+                f"calculate_predict_batch_outputs returned {path} of shape {tuple(tensor.shape)} for a batch of "
                 f"{num_samples} samples: predict() needs one row per sample along dim 0 (a per-batch "
                 f"value such as a loss cannot be split into samples). Override "
                 f"calculate_predict_batch_outputs to return only per-sample tensors, e.g. outputs.logits."
@@ -235,14 +224,18 @@ def gather_rows(
     dims beyond 0 first padded to the largest on any process; a ``padding`` batch (zero rows)
     adds no row and its sizes do not count."""
     if accelerator.num_processes > 1:
-        local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]]
-        sizes = torch.tensor(local or [0], dtype=torch.int64, device=accelerator.device)
-        largest = accelerator.gather(sizes).reshape(accelerator.num_processes, -1).amax(dim=0).tolist()
-        start, padded = 0, []
-        for tensor in tensors:
-            padded.append(pad_to(tensor, largest[start : start + tensor.dim() - 1], padding_value))
-            start += tensor.dim() - 1
-        tensors = padded
+        local = [0 if padding else size for tensor in tensors for size in tensor.shape[1:]] or [0]
+        largest = (
+            accelerator.gather(torch.tensor(local, dtype=torch.int64, device=accelerator.device))
+            .reshape(accelerator.num_processes, -1)
+            .amax(dim=0)
+            .tolist()
+        )
+        sizes = iter(largest)  # each tensor's dims beyond 0 take the next sizes
+        tensors = [
+            pad_to(tensor, list(itertools.islice(sizes, tensor.dim() - 1)), padding_value)
+            for tensor in tensors
+        ]
     return [tensor.cpu() for tensor in gather_ragged(accelerator, tensors, padding=padding)]
 
 
@@ -255,9 +248,8 @@ def in_dataset_order(
     if not torch.equal(indices.sort().values, torch.arange(num_samples)):  # each sample once
         raise RuntimeError(f"predict() gathered samples {indices.tolist()} for a data set of {num_samples}.")
     order = torch.argsort(indices)
-    columns = [[batch[i] for batch in batches] for i in range(1, len(batches[0]))]
-    leaves = (concatenate_padded(column, padding_value)[order] for column in columns)
-    return rebuild(structure, leaves)
+    columns = ([batch[i] for batch in batches] for i in range(1, len(batches[0])))
+    return rebuild(structure, (concatenate_padded(column, padding_value)[order] for column in columns))
 
 
 def concatenate_padded(tensors: list[torch.Tensor], padding_value: float) -> torch.Tensor:
@@ -277,18 +269,12 @@ def rebuild(structure: Any, leaves: Iterator[torch.Tensor]) -> Any:
         return next(leaves)
     if isinstance(structure, Mapping):
         values = {key: rebuild(value, leaves) for key, value in structure.items()}
-        return values if type(structure) is dict else _same_mapping_type(structure, values)
+        # As the type of ``structure`` (an ``OrderedDict``, a transformers ``ModelOutput``) where
+        # it can be built from a dict, else as a dict.
+        with contextlib.suppress(TypeError, ValueError):
+            return values if type(structure) is dict else cast(Any, type(structure))(values)
+        return values
     values_list = [rebuild(value, leaves) for value in structure]
     if isinstance(structure, tuple):
         return type(structure)(*values_list) if hasattr(structure, "_fields") else tuple(values_list)
     return values_list
-
-
-def _same_mapping_type(structure: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
-    """``values`` as the type of ``structure`` (an ``OrderedDict``, a transformers ``ModelOutput``)
-    where it can be built from a dict, else as a dict."""
-    mapping_type: Any = type(structure)
-    try:
-        return mapping_type(values)
-    except (TypeError, ValueError):
-        return values

@@ -305,13 +305,12 @@ class RunState:
         }
 
     def load_process_state_dict(self, state: dict[str, Any], device: Any) -> None:
-        self.train_loss.reset()
-        partial = state["train_loss"]
-        if partial is not None:
-            total = partial["total"]
-            self.train_loss.running_total = total.to(device) if hasattr(total, "to") else total
-            self.train_loss.count = partial["count"]
         loss = self.train_loss
+        loss.reset()
+        if (partial := state["train_loss"]) is not None:
+            total = partial["total"]
+            loss.running_total = total.to(device) if hasattr(total, "to") else total
+            loss.count = partial["count"]
         self.step_metrics.load_process_state_dict(
             state.get("step_metrics"), loss.running_total, loss.count, device
         )

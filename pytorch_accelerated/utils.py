@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from copy import deepcopy
@@ -96,11 +97,10 @@ class DataLoaderSlice:
                 f"DataLoaderSlice got slice_size={slice_size!r} and num_batches={num_batches!r}: they "
                 f"are two names for the same number of batches, so give only one of them."
             )
-        size = slice_size if slice_size is not None else num_batches
         name = "slice_size" if slice_size is not None else "num_batches"
-        check_whole_number(size, name, minimum=0, optional=True, owner="DataLoaderSlice")
+        self.slice_size = slice_size if slice_size is not None else num_batches
+        check_whole_number(self.slice_size, name, minimum=0, optional=True, owner="DataLoaderSlice")
         self.dl = dl
-        self.slice_size = size
 
     @property
     def num_batches(self) -> int | None:
@@ -112,16 +112,13 @@ class DataLoaderSlice:
         self.slice_size = value
 
     def __len__(self) -> int:
-        length = len(self.dl)
-        return length if self.slice_size is None else min(length, self.slice_size)
+        return len(self.dl) if self.slice_size is None else min(len(self.dl), self.slice_size)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.slice_size == 0:
+        if self.slice_size == 0:  # without starting the loader
             return
-        for index, batch in enumerate(self.dl, start=1):
-            yield batch
-            if index == self.slice_size:  # stop before the loader fetches one batch too many
-                break
+        # islice stops before the loader fetches one batch too many.
+        yield from itertools.islice(self.dl, self.slice_size)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for attributes this class lacks: behave like the wrapped data loader.
@@ -252,9 +249,7 @@ class ModelEma(nn.Module):
                 f"such as 0.999 or 0.9999, are usual; the average covers about 1 / (1 - decay) updates."
             )
         self.decay = float(decay)
-        self.module = deepcopy(_unwrap(model))
-        self.module.eval()
-        self.module.requires_grad_(False)
+        self.module = deepcopy(_unwrap(model)).eval().requires_grad_(False)
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -263,14 +258,16 @@ class ModelEma(nn.Module):
         Raises:
             ValueError: If the model's parameters or buffers do not match the average's.
         """
-        ema_floats: list[torch.Tensor] = []
-        floats: list[torch.Tensor] = []
-        for ema_tensor, tensor in self._paired_tensors(model):
-            if ema_tensor.is_floating_point():
-                ema_floats.append(ema_tensor)
-                floats.append(tensor.to(device=ema_tensor.device, dtype=ema_tensor.dtype))
-            else:  # counts such as num_batches_tracked: an average of counts means nothing
+        pairs = self._paired_tensors(model)
+        for ema_tensor, tensor in pairs:
+            if (
+                not ema_tensor.is_floating_point()
+            ):  # counts such as num_batches_tracked: an average means nothing
                 ema_tensor.copy_(tensor)
+        ema_floats = [ema_tensor for ema_tensor, _ in pairs if ema_tensor.is_floating_point()]
+        floats = [
+            tensor.to(device=ema.device, dtype=ema.dtype) for ema, tensor in pairs if ema.is_floating_point()
+        ]
         if type(self).update_fn is not ModelEma.update_fn:  # a subclass's own average
             for ema_tensor, tensor in zip(ema_floats, floats, strict=True):
                 ema_tensor.copy_(self.update_fn(ema_tensor, tensor))
@@ -305,20 +302,19 @@ class ModelEma(nn.Module):
 
     def _paired_tensors(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Pairs each tensor of the average with the model's tensor of the same name."""
-        source = _unwrap(model)
-        ema_named = [*self.module.named_parameters(), *self.module.named_buffers()]
-        source_named = [*source.named_parameters(), *source.named_buffers()]
-        ema_names = [name for name, _ in ema_named]
-        source_names = [name for name, _ in source_named]
-        if ema_names != source_names:
-            missing = sorted(set(ema_names) - set(source_names))
-            unexpected = sorted(set(source_names) - set(ema_names))
+        ema_named, source_named = (
+            dict([*module.named_parameters(), *module.named_buffers()])
+            for module in (self.module, _unwrap(model))
+        )
+        if list(ema_named) != list(source_named):
+            missing = sorted(ema_named.keys() - source_named.keys())
+            unexpected = sorted(source_named.keys() - ema_named.keys())
             raise ValueError(
                 f"ModelEma was given a model whose parameters and buffers differ from the averaged "
                 f"copy's (missing: {missing[:5]}, unexpected: {unexpected[:5]}). Pass the same "
                 f"model that the ModelEma was created from."
             )
-        return [(ema_t, t) for (_, ema_t), (_, t) in zip(ema_named, source_named, strict=True)]
+        return list(zip(ema_named.values(), source_named.values(), strict=True))
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -81,9 +81,8 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
     accelerate 1.16 asked for fp16 on a CPU uses neither fp16 autocast nor a gradient scaler,
     and says nothing: the run is in full precision (fp32).
     """
-    requested = str(accelerator.mixed_precision)
     if (
-        requested != "fp16"
+        str(accelerator.mixed_precision) != "fp16"
         or accelerator.native_amp
         or accelerator.distributed_type in _ENGINES_WITH_OWN_PRECISION
     ):
@@ -97,12 +96,6 @@ def unavailable_precision_message(accelerator: Accelerator) -> str | None:
     )
 
 
-def fsdp_requested() -> bool:
-    """True when FSDP was asked for: ``accelerate launch --use_fsdp`` (or ``accelerate config``)
-    sets ``ACCELERATE_USE_FSDP=true``, and so does an Accelerator given an ``fsdp_plugin``."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").strip().lower() == "true"
-
-
 def dropped_fsdp_message(accelerator: Accelerator) -> str | None:
     """What to say when FSDP was asked for but accelerate runs something else, else None.
 
@@ -110,15 +103,19 @@ def dropped_fsdp_message(accelerator: Accelerator) -> str | None:
     ...): on CPU processes, or in a single process, it silently runs without sharding.
     """
     engine = accelerator.distributed_type
-    if not fsdp_requested() or engine in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    # FSDP was asked for: `accelerate launch --use_fsdp` (or `accelerate config`) sets
+    # ACCELERATE_USE_FSDP=true, and so does an Accelerator given an fsdp_plugin.
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").strip().lower() != "true" or engine in (
+        DistributedType.FSDP,
+        DistributedType.DEEPSPEED,
+    ):
         return None
-    processes = accelerator.num_processes
     if engine == DistributedType.NO:
         instead = "a single process that holds the whole model and optimizer state"
     else:
-        backend = accelerator.state.backend or "its backend"
         instead = (
-            f"plain data parallelism (DDP over {backend}) on {processes} {accelerator.device.type.upper()} "
+            f"plain data parallelism (DDP over {accelerator.state.backend or 'its backend'}) on "
+            f"{accelerator.num_processes} {accelerator.device.type.upper()} "
             f"processes, each holding the whole model and optimizer state"
         )
     return (

@@ -59,8 +59,10 @@ def _model_outputs_error(model_outputs: Any, error: Exception) -> TypeError:
     elif isinstance(model_outputs, Mapping):
         has_logits = hasattr(model_outputs, "logits")
         model_output = "; a transformers ModelOutput?" if has_logits else ""
-        returned = f"a {kind} (a dict with keys {list(model_outputs)}{model_output})"
-        pick = "outputs.logits" if has_logits else "outputs[key]"
+        returned, pick = (
+            f"a {kind} (a dict with keys {list(model_outputs)}{model_output})",
+            "outputs.logits" if has_logits else "outputs[key]",
+        )
     else:
         returned, pick = f"a {kind}", "the logits"
     return TypeError(
@@ -85,9 +87,9 @@ def loss_without_grad_error(model: Any, error: RuntimeError) -> RuntimeError | N
             f"under torch.no_grad() or from detached values (.detach(), .item(), a new tensor). "
             f"Compute the loss in calculate_train_batch_loss from the model's outputs, with grad enabled."
         )
-    shown = ", ".join(list(parameters)[:5]) + (", ..." if len(parameters) > 5 else "")
     return RuntimeError(
-        f"No parameter of the model requires grad: all {len(parameters)} parameter tensors ({shown}) "
+        f"No parameter of the model requires grad: all {len(parameters)} parameter tensors "
+        f"({', '.join(list(parameters)[:5]) + (', ...' if len(parameters) > 5 else '')}) "
         f"are frozen (requires_grad=False), so the loss has no gradient ({error}). Unfreeze the ones "
         f"to train before training (parameter.requires_grad_(True), or ModelFreezer's unfreeze()); "
         f"an optimizer built over them trains them once they are unfrozen."

@@ -40,13 +40,10 @@ def gather_ragged(accelerator: Accelerator, data: Any, padding: bool = False) ->
 def _gather_tensor(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dim() == 0:
         tensor = tensor.reshape(1)
-    length = torch.tensor([tensor.shape[0]], device=tensor.device)
-    lengths = accelerator.gather(length).tolist()
+    lengths = accelerator.gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()
     padded = accelerator.pad_across_processes(tensor, dim=0, pad_index=0)
-    gathered = accelerator.gather(padded)
-    chunk = padded.shape[0]
-    pieces = [gathered[i * chunk : i * chunk + n] for i, n in enumerate(lengths)]
-    return torch.cat(pieces)
+    gathered, chunk = accelerator.gather(padded), padded.shape[0]
+    return torch.cat([gathered[i * chunk : i * chunk + n] for i, n in enumerate(lengths)])
 
 
 def gather(accelerator: Accelerator, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ join it, in :mod:`.launch_checks`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -42,8 +43,10 @@ def describe_position(handler: Any, progress: Any) -> str:
     """Where the run is (``handler``'s last event, ``progress``'s epoch and batch), for messages:
     ``after on_train_step_start of epoch 2 (training batch 3)``."""
     current, last = getattr(handler, "current_event", None), getattr(handler, "last_event", None)
-    event = f"during {current}" if current else f"after {last}" if last else "before the first event"
-    return f"{event} of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
+    return (
+        f"{f'during {current}' if current else f'after {last}' if last else 'before the first event'} "
+        f"of epoch {progress.epoch + 1} (training batch {progress.batch_index})"
+    )
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -58,22 +61,24 @@ def explain_collective_failure(accelerator: Any, where: str, error: BaseExceptio
     """Add a note to ``error``, a failed collective of several processes, saying which process
     failed ``where`` (see :func:`describe_position`), and that the real error is probably another
     process's."""
-    notes = getattr(error, "__notes__", [])
     if (
         accelerator.num_processes == 1
         or not is_collective_failure(error)
-        or any(_NOTE_MARK in n for n in notes)
+        or any(_NOTE_MARK in n for n in getattr(error, "__notes__", []))
     ):
         return
     rank, processes = accelerator.process_index, accelerator.num_processes
     if "Timed out" in str(error) or "timed out" in str(error):
         timeout = collective_timeout_s()
         # Which process is late is not known here, unless there is only one other.
-        late = (
-            f"rank {1 - rank}" if processes == 2 else f"at least one of the other {processes - 1} processes"
-        )
         note = (
-            f"rank {rank} waited {timeout:g} s in a {_NOTE_MARK} {where}, but {late} did not reach "
+            f"rank {rank} waited {timeout:g} s in a {_NOTE_MARK} {where}, but "
+            + (
+                f"rank {1 - rank}"
+                if processes == 2
+                else f"at least one of the other {processes - 1} processes"
+            )
+            + " did not reach "
             f"it in that time: it is slow (a long callback, save or data loading on that process "
             f"alone), stuck, or has failed; its output above says which. If it is only slow, shorten "
             f"that work or raise {COLLECTIVE_TIMEOUT_ENV} (now {timeout:g} seconds)."
@@ -140,10 +145,9 @@ class SignalWatchdog:
         signal.set_wakeup_fd(self._previous_fd)
         # Wake the watching thread. Closing the writer would not: forked data-loader workers
         # hold copies of it. Shutting the reader down does, even if the buffer is full.
-        assert self._reader is not None
+        assert self._reader is not None and self._thread is not None
         self._reader.shutdown(socket.SHUT_RDWR)
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._thread.join(timeout=2)
         self._reader.close()
         self._writer.close()
         self._reader = self._writer = self._thread = None
@@ -191,22 +195,18 @@ class SignalWatchdog:
         return None if frame is None else (id(frame), frame.f_lasti)
 
     def _exit(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        rank = os.environ.get("RANK", "0")
         message = (
-            f"[rank {rank}] Received {name}, but this process has run no Python for "
+            f"[rank {os.environ.get('RANK', '0')}] Received {signal.Signals(signum).name}, but this "
+            f"process has run no Python for "
             f"{self.grace_s:g} s: it is stuck, probably in a collective operation that another "
             f"process no longer takes part in (did one fail?). It was {self._describe()}. "
             f"Exiting with code {128 + signum} without saving; training states saved earlier are "
             f"intact. ({SIGNAL_GRACE_ENV} sets how long to wait.)"
         )
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is sys.stderr:
-                    stream.write(message + "\n")
+        for stream, text in ((sys.stdout, ""), (sys.stderr, message + "\n")):
+            with contextlib.suppress(Exception):  # a closed or broken stream must not keep the process alive
+                stream.write(text)
                 stream.flush()
-            except Exception:  # a closed or broken stream must not keep the process alive
-                pass
         os._exit(128 + signum)
 
     def _describe(self) -> str:

@@ -63,8 +63,11 @@ class Launch:
         if local_world_size.isdigit() and int(local_world_size) < self.world_size:
             return True
         address = self.master_addr.lower()
-        local = _LOOPBACK_NAMES | {socket.gethostname().lower()}
-        return address not in local and not address.startswith("127.")
+        return not (
+            address in _LOOPBACK_NAMES
+            or address == socket.gethostname().lower()
+            or address.startswith("127.")
+        )
 
 
 #: What torch's elastic agent sets in the environment of its workers: the restart count, the maximum.
@@ -106,16 +109,19 @@ def launch_to_check() -> Launch | None:
     (``torchrun``, ``accelerate launch --multi_gpu``, ``notebook_launcher``), a process group
     that already exists,
     or an environment without the four variables (accelerate then says what is missing)."""
-    values = [
+    world_size, rank, master_addr, master_port = values = [
         os.environ.get(name, "").strip() for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
     ]
-    if not all(values) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if (
+        not all(values)
+        or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        or not torch.distributed.is_available()
+        or torch.distributed.is_initialized()
+        # torch's own error is clear about a malformed value
+        or not (world_size.isdigit() and rank.isdigit() and master_port.isdigit())
+        or int(world_size) < 2
+    ):
         return None
-    if not torch.distributed.is_available() or torch.distributed.is_initialized():
-        return None
-    world_size, rank, master_addr, master_port = values
-    if not (world_size.isdigit() and rank.isdigit() and master_port.isdigit()) or int(world_size) < 2:
-        return None  # torch's own error is clear about a malformed value
     launch = Launch(int(world_size), int(rank), master_addr, int(master_port))
     if launch.rank >= launch.world_size:
         raise RuntimeError(
@@ -129,9 +135,12 @@ def launch_to_check() -> Launch | None:
 def rendezvous_timeout_s(launch: Launch) -> float:
     """How long to wait for the processes of ``launch``: ``PT_ACC_RENDEZVOUS_TIMEOUT``, else
     60 s on one machine and 180 s when the processes may be on several."""
-    several = launch.several_machines()
-    default = DEFAULT_SEVERAL_MACHINES_RENDEZVOUS_TIMEOUT_S if several else DEFAULT_RENDEZVOUS_TIMEOUT_S
-    return seconds_from_env(RENDEZVOUS_TIMEOUT_ENV, default)
+    return seconds_from_env(
+        RENDEZVOUS_TIMEOUT_ENV,
+        DEFAULT_SEVERAL_MACHINES_RENDEZVOUS_TIMEOUT_S
+        if launch.several_machines()
+        else DEFAULT_RENDEZVOUS_TIMEOUT_S,
+    )
 
 
 def check_every_process_joins() -> None:
@@ -151,13 +160,18 @@ def check_every_process_joins() -> None:
         _servers.append(store)
     prefix = f"{_KEY_PREFIX}/{_checks_done}"
     _checks_done += 1
-    conflict = _claim_place(store, prefix, launch)
-    if conflict is not None:
+    if (conflict := _claim_place(store, prefix, launch)) is not None:
         store.compare_set(f"{prefix}/done", "", conflict)
         raise RuntimeError(conflict)
     if store.add(f"{prefix}/{_JOINED}", 1) == launch.world_size:
         store.compare_set(f"{prefix}/done", "", _JOINED)
-    _wait_for_everyone(store, prefix, launch, timeout_s)
+    # Wait for the last process to check in (or for one to report a conflict).
+    try:
+        store.wait([f"{prefix}/done"], timedelta(seconds=timeout_s))
+    except RuntimeError as error:  # torch's DistStoreError: the time is up
+        raise RuntimeError(_missing_message(store, prefix, launch, timeout_s)) from error
+    if (outcome := store.get(f"{prefix}/done").decode()) != _JOINED:
+        raise RuntimeError(outcome)
 
 
 def _open_store(launch: Launch, timeout_s: float) -> torch.distributed.TCPStore:
@@ -214,19 +228,6 @@ def _claim_place(store: torch.distributed.TCPStore, prefix: str, launch: Launch)
             f"is another run on the same port."
         )
     return None
-
-
-def _wait_for_everyone(
-    store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float
-) -> None:
-    """Wait for the last process to check in (or for one to report a conflict)."""
-    try:
-        store.wait([f"{prefix}/done"], timedelta(seconds=timeout_s))
-    except RuntimeError as error:  # torch's DistStoreError: the time is up
-        raise RuntimeError(_missing_message(store, prefix, launch, timeout_s)) from error
-    outcome = store.get(f"{prefix}/done").decode()
-    if outcome != _JOINED:
-        raise RuntimeError(outcome)
 
 
 def _missing_message(store: torch.distributed.TCPStore, prefix: str, launch: Launch, timeout_s: float) -> str:

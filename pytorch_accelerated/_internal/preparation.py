@@ -45,7 +45,13 @@ class Preparation:
         accelerator = self.accelerator
         model_pending = self.model is None or model is not self.model
         optimizer_pending = optimizer is not None and optimizer is not self.optimizer
-        if (model_pending or optimizer_pending) and prepares_together(accelerator, optimizer):
+        # DeepSpeed's engine (also with its DummyOptim) is built from the model, the optimizer and
+        # the training loader's batch size, so they go to one prepare call; FSDP's wrapping
+        # replaces the parameters that the optimizer must then hold.
+        if (model_pending or optimizer_pending) and (
+            accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+            or isinstance(optimizer, DummyOptim)
+        ):
             model, optimizer, train_loader = prepare_together(accelerator, model, optimizer, train_loader)
             self.model, self.optimizer, self.direct_steps = model, optimizer, False
         if self.model is None or model is not self.model:
@@ -78,22 +84,16 @@ def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bo
     )
 
 
-def prepares_together(accelerator: Accelerator, optimizer: Any) -> bool:
-    """True under DeepSpeed (or with its ``DummyOptim``): its engine is built from the model,
-    the optimizer and the training loader's batch size, so they go to one ``prepare`` call; and
-    under FSDP, whose wrapping replaces the parameters that the optimizer must then hold."""
-    engines = (DistributedType.DEEPSPEED, DistributedType.FSDP)
-    return accelerator.distributed_type in engines or isinstance(optimizer, DummyOptim)
-
-
 def prepare_together(
     accelerator: Accelerator, model: nn.Module, optimizer: Any, train_loader: Any
 ) -> tuple[Any, Any, Any]:
     """Prepare model, optimizer (if any) and training loader (if not prepared yet) in one
     ``prepare`` call; return the three, each unchanged where it was not passed."""
-    objects: list[Any] = [model]
-    objects += [optimizer] if optimizer is not None else []
-    objects += [train_loader] if needs_preparing(train_loader) else []
+    objects = [
+        model,
+        *([optimizer] if optimizer is not None else []),
+        *([train_loader] if needs_preparing(train_loader) else []),
+    ]
     prepared = list(accelerator.prepare(*objects)) if len(objects) > 1 else [accelerator.prepare(model)]
     model = prepared.pop(0)
     optimizer = prepared.pop(0) if optimizer is not None else None

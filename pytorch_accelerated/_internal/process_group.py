@@ -4,6 +4,7 @@ process agrees on, and its destruction when the interpreter exits."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 from datetime import timedelta
@@ -27,16 +28,13 @@ def seconds_from_env(name: str, default: float) -> float:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
-            f"The environment variable {name}={text!r} must be a positive number of seconds, "
-            f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
-        )
-    return seconds
+    with contextlib.suppress(ValueError):  # not a number: the error below
+        if math.isfinite(seconds := float(text)) and seconds > 0:
+            return seconds
+    raise ValueError(
+        f"The environment variable {name}={text!r} must be a positive number of seconds, "
+        f"e.g. {name}={default:g}; unset it for the default ({default:g} s)."
+    )
 
 
 def collective_timeout_s() -> float:

@@ -53,20 +53,18 @@ def check_trainer_arguments(model: Any, loss_func: Any, optimizer: Any) -> None:
         )
     if loss_func is not None and not callable(loss_func):
         raise TypeError(f"loss_func must be callable (e.g. nn.CrossEntropyLoss()), got {loss_func!r}.")
-    if optimizer is not None and not is_optimizer_like(optimizer):
+    # A torch optimizer, accelerate's DummyOptim, or anything with step and zero_grad.
+    if not (
+        optimizer is None
+        or isinstance(optimizer, (torch.optim.Optimizer, DummyOptim))
+        or (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None)))
+    ):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, accelerate's DummyOptim (DeepSpeed with "
             f"the optimizer in its config) or an object with step() and zero_grad() methods, got "
             f"{type(optimizer).__name__}. Create it from the model's parameters, e.g. "
             f"torch.optim.SGD(model.parameters(), lr=0.01)."
         )
-
-
-def is_optimizer_like(optimizer: Any) -> bool:
-    """A torch optimizer, accelerate's ``DummyOptim``, or anything with ``step`` and ``zero_grad``."""
-    return isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)) or (
-        callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
-    )
 
 
 def check_positive_number(value: Any, name: str) -> None:
@@ -87,9 +85,9 @@ def check_callbacks(callbacks: Any) -> None:
         )
     if hasattr(callbacks, "custom_events"):  # one TrainerCallback, or one class of them
         name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
-        shown = name if isinstance(callbacks, type) else f"{name}()"
         raise TypeError(
-            f"callbacks must be a list of callbacks, got one {name}: pass a list: callbacks=[{shown}]."
+            f"callbacks must be a list of callbacks, got one {name}: pass a list: "
+            f"callbacks=[{name if isinstance(callbacks, type) else f'{name}()'}]."
         )
     raise TypeError(f"callbacks must be a list of TrainerCallback instances or classes, got {callbacks!r}.")
 
@@ -177,12 +175,15 @@ def check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes:
             f"{name} has {num_samples} samples but its data loader gives 0 batches per epoch on each "
             f"process. Check the sampler or batch_sampler in {kwargs_name}."
         )
-    largest = num_samples // num_processes
     raise ValueError(
         f"{name} has {num_samples} samples but per_device_batch_size x processes is {batch_size} x "
         f"{num_processes} = {batch_size * num_processes} and drop_last=True: every epoch would have 0 "
         f"batches. Pass drop_last=False in {kwargs_name}, "
-        + (f"a per_device_batch_size of at most {largest}, " if largest else "fewer processes, ")
+        + (
+            f"a per_device_batch_size of at most {num_samples // num_processes}, "
+            if num_samples >= num_processes
+            else "fewer processes, "
+        )
         + "or more data."
     )
 
@@ -312,16 +313,15 @@ def check_dataset(dataset: Any, name: str) -> None:
     if isinstance(dataset, torch.utils.data.IterableDataset):
         return
     try:
-        length = len(dataset)
+        if len(dataset) == 0:
+            raise ValueError(
+                f"{name} is empty (len 0): there is nothing to iterate over. Check how it was built or filtered."
+            )
     except TypeError:
         raise TypeError(
             f"{name} must be a torch Dataset with __len__ (or an IterableDataset), got "
             f"{type(dataset).__name__}."
         ) from None
-    if length == 0:
-        raise ValueError(
-            f"{name} is empty (len 0): there is nothing to iterate over. Check how it was built or filtered."
-        )
 
 
 def check_batch_output(batch_output: Any, method: str) -> None:
