@@ -75,11 +75,6 @@ class MappedPosition:
     skip: int
 
 
-def samples_consumed(batch_index: int, skipped: int, saved: BatchSettings, num_samples: int) -> int:
-    """Samples of the epoch's global order seen at ``batch_index`` (at most the whole epoch)."""
-    return min(num_samples, skipped + batch_index * saved.global_batch)
-
-
 def map_position(
     consumed: int, now: BatchSettings, num_samples: int, batches_per_epoch: int
 ) -> MappedPosition:
@@ -152,14 +147,6 @@ def unmappable_loader_reason(train_dl_kwargs: dict[str, Any], dataset: Any, map_
     if train_dl_kwargs.get("shuffle") is False:
         return "train_dataloader_kwargs has shuffle=False, so the Trainer's reproducible shuffle sampler is not used"
     return "the training loader does not use the Trainer's ReproducibleShuffleSampler (create_train_dataloader was overridden?)"
-
-
-def unmappable_message(directory: Path, change: str, reason: str, saved: BatchSettings) -> str:
-    return (
-        f"Cannot resume {directory} mid-epoch on other settings (it was {change}): {reason}, so the "
-        f"saved position does not map onto this run. Resume with the saved settings ({saved.describe()}), "
-        f"or from a state saved at the end of an epoch (SaveTrainingStateCallback's epoch_<E> states)."
-    )
 
 
 def check_same_training_set(
