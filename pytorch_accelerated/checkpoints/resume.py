@@ -77,9 +77,7 @@ def accumulation_keeping_global_batch(
         ValueError: before training, when no accumulation keeps it.
     """
     try:
-        with warnings.catch_warnings():  # the resume itself warns about what it finds there
-            warnings.simplefilter("ignore")
-            candidates = candidate_states(path)[0]
+        candidates = candidate_states(path, warn=False)[0]  # the resume itself warns about other runs
     except (OSError, ValueError):
         return asked  # nothing to resume: the resume itself says so, or the run starts fresh
     # The newest whose manifest reads (a damaged one is skipped by the resume too).
