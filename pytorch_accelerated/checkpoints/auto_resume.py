@@ -149,9 +149,11 @@ def _describe(record: dict[str, Any]) -> str:
 
 
 def _describe_origin(origin: dict[str, Any] | None) -> str:
-    if origin is None:
-        return "starting a new run"
-    return f"resuming from update {origin['update']} of run {origin['run_id']}"
+    return (
+        "starting a new run"
+        if origin is None
+        else f"resuming from update {origin['update']} of run {origin['run_id']}"
+    )
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:

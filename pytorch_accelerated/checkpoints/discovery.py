@@ -69,10 +69,9 @@ def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[P
     complete = [(manifest, _written(child), child) for manifest, child in candidates if manifest]
     damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
     if not complete and not damaged:
-        found = sorted(child.name for child in path.iterdir())
         original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
         raise ValueError(
-            f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
+            f"resume_from={str(path)!r} holds no complete training state (found: {sorted(child.name for child in path.iterdir()) or 'nothing'}). "
             f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
             + (
                 f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "

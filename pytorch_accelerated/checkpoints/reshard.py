@@ -112,11 +112,11 @@ def kept_accumulation(
         ValueError: naming the numbers and the fixes, when ``now``'s processes x per-device batch
             does not divide the saved global batch.
     """
-    asked_then = saved_asked or saved.gradient_accumulation_steps
+    # The accumulation asked then: the one saved, unless the saving run kept a global batch itself.
     if saved.num_processes in (0, now.num_processes) or (
         now.per_device_batch_size,
         now.gradient_accumulation_steps,
-    ) != (saved.per_device_batch_size, asked_then):
+    ) != (saved.per_device_batch_size, saved_asked or saved.gradient_accumulation_steps):
         return None
     samples = saved.global_batch * saved.gradient_accumulation_steps
     if samples % now.global_batch == 0:
@@ -154,20 +154,22 @@ def check_same_training_set(
 ) -> None:
     """Raise unless the state was saved over a training set of ``num_samples`` samples: the
     recorded length, or (older states) one consistent with the recorded batches per epoch."""
-    recorded = state.get("train_samples")
-    if recorded is not None:
-        if int(recorded) == num_samples:
-            return
-        found = f"{recorded} training samples"
-    else:
-        batches = manifest.get("num_batches_per_epoch")
-        if batches in (math.ceil(num_samples / saved.global_batch), num_samples // saved.global_batch):
-            return
-        found = f"{batches} batches per epoch (on {saved.num_processes} process(es) of {saved.per_device_batch_size})"
-    raise ValueError(
-        f"{directory} was saved mid-epoch with {found}, but this run's training set has {num_samples} samples: "
-        f"the training set differs, so the saved position means nothing here. Resume with the same data set."
+    recorded, batches = state.get("train_samples"), manifest.get("num_batches_per_epoch")
+    fits = (
+        int(recorded) == num_samples
+        if recorded is not None
+        else batches in (math.ceil(num_samples / saved.global_batch), num_samples // saved.global_batch)
     )
+    found = (
+        f"{recorded} training samples"
+        if recorded is not None
+        else f"{batches} batches per epoch (on {saved.num_processes} process(es) of {saved.per_device_batch_size})"
+    )
+    if not fits:
+        raise ValueError(
+            f"{directory} was saved mid-epoch with {found}, but this run's training set has {num_samples} samples: "
+            f"the training set differs, so the saved position means nothing here. Resume with the same data set."
+        )
 
 
 def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: int) -> dict[str, Any]:

@@ -54,12 +54,9 @@ def restore_position(objects: TrainingObjects, state: dict[str, Any], process_st
     """Restore the saved position, run history (when saved) and working state of the run."""
     objects.progress.load_state_dict(state["progress"])
     if state["run_history"] is not None:
-        run_state = dict(state)
         # States saved before the first epoch was recorded: the history's epoch tells it.
-        run_state.setdefault(
-            "history_first_epoch", state["run_history"]["current_epoch"] - state["progress"]["epoch"]
-        )
-        objects.run_state.load_state_dict(run_state)
+        first_epoch = state["run_history"]["current_epoch"] - state["progress"]["epoch"]
+        objects.run_state.load_state_dict({"history_first_epoch": first_epoch, **state})
         objects.run_history.load_state_dict(state["run_history"])
     objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
     objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
