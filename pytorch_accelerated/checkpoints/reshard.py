@@ -181,14 +181,14 @@ def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: 
     Rank r takes the RNG states of rank ``r mod len(saved)``; a rank that saved none is marked
     (:data:`RESEED_KEY`) to reseed from them, so no two ranks draw the same numbers.
     """
-    own = dict(saved[rank % len(saved)])
-    own["rng"] = dict(own["rng"])
-    if rank >= len(saved):
-        own["rng"][RESEED_KEY] = rank
-    own["train_loss"] = _summed([state.get("train_loss") for state in saved]) if rank == 0 else None
+    own = saved[rank % len(saved)]
     points = [(state.get("step_metrics") or {}).get("loss_since_point") for state in saved]
-    own["step_metrics"] = {"loss_since_point": _summed(points)} if rank == 0 and any(points) else None
-    return own
+    return {
+        **own,
+        "rng": {**own["rng"], **({RESEED_KEY: rank} if rank >= len(saved) else {})},
+        "train_loss": _summed([state.get("train_loss") for state in saved]) if rank == 0 else None,
+        "step_metrics": {"loss_since_point": _summed(points)} if rank == 0 and any(points) else None,
+    }
 
 
 def _summed(shares: list[dict[str, Any] | None]) -> dict[str, Any] | None:
