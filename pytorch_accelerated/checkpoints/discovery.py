@@ -69,18 +69,24 @@ def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[P
     complete = [(manifest, _written(child), child) for manifest, child in candidates if manifest]
     damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
     if not complete and not damaged:
-        original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
-        raise ValueError(
-            f"resume_from={str(path)!r} holds no complete training state (found: {sorted(child.name for child in path.iterdir()) or 'nothing'}). "
-            f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
-            + (
-                f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
-                f"explicitly, e.g. {str(path / original[-1])!r}."
-                if original
-                else "."
-            )
-        )
+        raise _no_complete_state(path)
     return damaged + (_newest_run(path, complete, warn) if complete else []), False
+
+
+def _no_complete_state(folder: Path) -> ValueError:
+    """The error for a folder without any training state to resume (0.1.x's are resumed only when named)."""
+    found = sorted(child.name for child in folder.iterdir())
+    original = sorted(child.name for child in folder.iterdir() if (child / "trainer_metadata.pt").is_file())
+    return ValueError(
+        f"resume_from={str(folder)!r} holds no complete training state (found: {found or 'nothing'}). "
+        f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
+        + (
+            f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
+            f"explicitly, e.g. {str(folder / original[-1])!r}."
+            if original
+            else "."
+        )
+    )
 
 
 def _manifests_in(folder: Path) -> list[tuple[dict[str, Any] | None, Path]]:
