@@ -14,11 +14,11 @@ state again ends before training. See docs/checkpoints.md, "One script for every
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import traceback
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,10 @@ class AutoResume:
             "repeated": False,
         }
         before = _read_record(path)
-        same = ("exception", "raised_at", "update")
         # A lost peer (killed, preempted) is not this process's failure: it never counts as repeated.
         if (
             before is not None
-            and all(before.get(key) == record[key] for key in same)
+            and all(before.get(key) == record[key] for key in ("exception", "raised_at", "update"))
             and not is_collective_failure(error)
         ):
             record.update(count=int(before.get("count", 1)) + 1, repeated=True)
@@ -137,10 +136,9 @@ class AutoResume:
     def clear_failure(self) -> None:
         """The run ended without an exception: remove this process's failure record."""
         path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
-        try:
+        # A folder that turned read-only: the record stays, cleared by the newer states.
+        with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
-        except OSError:  # a folder that turned read-only: the record stays, cleared by the newer states
-            pass
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -151,9 +149,11 @@ def _describe(record: dict[str, Any]) -> str:
 
 
 def _describe_origin(origin: dict[str, Any] | None) -> str:
-    if origin is None:
-        return "starting a new run"
-    return f"resuming from update {origin['update']} of run {origin['run_id']}"
+    return (
+        "starting a new run"
+        if origin is None
+        else f"resuming from update {origin['update']} of run {origin['run_id']}"
+    )
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -166,8 +166,7 @@ def _read_record(path: Path) -> dict[str, Any] | None:
 
 def _failures_in(folder: Path) -> list[dict[str, Any]]:
     """The failure records in ``folder`` (each with the ``file`` it was read from)."""
-    found = sorted(folder.glob(FAILURE_RECORD.format(rank="*"))) if folder.is_dir() else []
-    records = [(path, _read_record(path)) for path in found]
+    records = [(path, _read_record(path)) for path in sorted(folder.glob(FAILURE_RECORD.format(rank="*")))]
     return [{**record, "file": str(path)} for path, record in records if record is not None]
 
 
@@ -211,9 +210,8 @@ def _states_in(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     try:
-        with warnings.catch_warnings():  # the resume itself warns about other runs' states
-            warnings.simplefilter("ignore")
-            candidates, _ = candidate_states(folder)
+        # The resume itself warns about other runs' states.
+        candidates, _ = candidate_states(folder, warn=False)
     except ValueError:
         if any(is_original_state(child) for child in folder.iterdir() if child.is_dir()):
             raise  # states of 0.1.x: they are resumed only when named

@@ -27,6 +27,7 @@ of this library) have no checksums and are read unchecked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -129,14 +130,14 @@ def publish(temporary: Path, output_dir: Path) -> None:
 
 
 def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
+    with contextlib.suppress(OSError):  # best effort: not every file system flushes a directory
+        _fsync(directory)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
 
@@ -171,9 +172,7 @@ def _load_manifest(directory: Path) -> tuple[dict[str, Any] | None, str | None]:
 def read_manifest(directory: Path) -> dict[str, Any] | None:
     """The manifest of a complete training state, or None if ``directory`` is not one (or its
     manifest is damaged: see :func:`manifest_problem`)."""
-    manifest = _load_manifest(directory)[0]
-    if manifest is None:
-        return None
+    manifest = _load_manifest(directory)[0] or {}
     return manifest if manifest.get("format") == FORMAT and manifest.get("complete") else None
 
 
@@ -181,9 +180,11 @@ def manifest_problem(directory: Path) -> str | None:
     """Why the manifest of ``directory`` was changed after it was written (a damaged byte), or
     None when it is intact, absent, or of an older version (unchecked)."""
     problem = _load_manifest(directory)[1]
-    if problem is None:
-        return None
-    return f"{directory / MANIFEST} is damaged: it {problem}, so it was changed after it was saved. {DAMAGED_STATE_FIX}"
+    return (
+        f"{directory / MANIFEST} is damaged: it {problem}, so it was changed after it was saved. {DAMAGED_STATE_FIX}"
+        if problem is not None
+        else None
+    )
 
 
 def file_checksum(manifest: dict[str, Any], name: str) -> Checksum | None:
@@ -203,8 +204,4 @@ def sync_files(directory: Path) -> None:
     """Flush every file under ``directory`` (and the directories) to disk: accelerate writes
     ``FULL_STATE_DICT`` files with a plain ``torch.save``; DCP flushes its own."""
     for path in sorted(directory.rglob("*"), reverse=True):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(path)

@@ -26,34 +26,30 @@ def resolve_state_dir(path: str | os.PathLike) -> Path:
     return candidate_states(path)[0][0]
 
 
-def _refuse_a_file(path: Path) -> None:
-    if not path.is_file():
-        return
-    raise NotADirectoryError(
-        f"resume_from={str(path)!r} is a file, not a training state: a training state is a directory "
-        f"(written by save_training_state or SaveTrainingStateCallback), while one file, as "
-        f"save_checkpoint writes, is a checkpoint file: weights (and optimizer) without the run's "
-        f"position. To start from a checkpoint file, call trainer.load_checkpoint({str(path)!r}) "
-        f"before trainer.train(...), without resume_from; to continue a run, pass resume_from a "
-        f"state directory or a folder of them."
-    )
-
-
-def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
+def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[Path], bool]:
     """The training states to try for ``path``, newest first, and whether ``path`` names one.
 
     A state directory (or the one recovered from a save killed between its two renames) is the
     only candidate, and True says so (a caller must not fall back from it); a folder gives its
     states whose manifest is damaged (which cannot be ordered), then the complete states of the run
     that wrote its newest one, newest (highest update step of the run, then latest written) first,
-    and False.
+    and False. ``warn``: warn when the folder holds the states of several runs (see
+    :func:`_newest_run`).
 
     Raises:
         FileNotFoundError / ValueError: with what was found, when there is no complete state.
         NotADirectoryError: ``path`` is a file (a checkpoint file is not a training state).
     """
     path = Path(path)
-    _refuse_a_file(path)
+    if path.is_file():
+        raise NotADirectoryError(
+            f"resume_from={str(path)!r} is a file, not a training state: a training state is a directory "
+            f"(written by save_training_state or SaveTrainingStateCallback), while one file, as "
+            f"save_checkpoint writes, is a checkpoint file: weights (and optimizer) without the run's "
+            f"position. To start from a checkpoint file, call trainer.load_checkpoint({str(path)!r}) "
+            f"before trainer.train(...), without resume_from; to continue a run, pass resume_from a "
+            f"state directory or a folder of them."
+        )
     if not path.is_dir():
         # A save that replaced a state of the same name may have been killed between its two
         # renames: the complete new state, or else the old one, is still there under a hidden name.
@@ -69,30 +65,41 @@ def candidate_states(path: str | os.PathLike) -> tuple[list[Path], bool]:
             f"does not say complete): the save that wrote it was interrupted. Resume from an earlier "
             f"state, or from the parent folder to pick the newest complete one."
         )
-    candidates = [
-        (read_manifest(child), child)
-        for child in path.iterdir()
-        if child.is_dir() and not child.name.startswith(".")
-    ]
+    candidates = _manifests_in(path)
     complete = [(manifest, _written(child), child) for manifest, child in candidates if manifest]
     damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
     if not complete and not damaged:
-        found = sorted(child.name for child in path.iterdir())
-        original = sorted(child.name for child in path.iterdir() if (child / "trainer_metadata.pt").is_file())
-        raise ValueError(
-            f"resume_from={str(path)!r} holds no complete training state (found: {found or 'nothing'}). "
-            f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
-            + (
-                f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
-                f"explicitly, e.g. {str(path / original[-1])!r}."
-                if original
-                else "."
-            )
+        raise _no_complete_state(path)
+    return damaged + (_newest_run(path, complete, warn) if complete else []), False
+
+
+def _no_complete_state(folder: Path) -> ValueError:
+    """The error for a folder without any training state to resume (0.1.x's are resumed only when named)."""
+    found = sorted(child.name for child in folder.iterdir())
+    original = sorted(child.name for child in folder.iterdir() if (child / "trainer_metadata.pt").is_file())
+    return ValueError(
+        f"resume_from={str(folder)!r} holds no complete training state (found: {found or 'nothing'}). "
+        f"Pass a directory written by save_training_state or SaveTrainingStateCallback"
+        + (
+            f", or name one of the states written by pytorch-accelerated 0.1.x ({', '.join(original)}) "
+            f"explicitly, e.g. {str(folder / original[-1])!r}."
+            if original
+            else "."
         )
-    return damaged + (_newest_run(path, complete) if complete else []), False
+    )
 
 
-def _newest_run(folder: Path, complete: list[tuple[dict[str, Any], int, Path]]) -> list[Path]:
+def _manifests_in(folder: Path) -> list[tuple[dict[str, Any] | None, Path]]:
+    """Each directory directly inside ``folder`` but the hidden ones, with its manifest if it is
+    a complete training state (else None)."""
+    return [
+        (read_manifest(child), child)
+        for child in folder.iterdir()
+        if child.is_dir() and not child.name.startswith(".")
+    ]
+
+
+def _newest_run(folder: Path, complete: list[tuple[dict[str, Any], int, Path]], warn: bool) -> list[Path]:
     """The states of the run that wrote the newest of ``complete`` (manifest, time written, directory),
     newest first; a warning names the run when the folder holds several."""
     run_id = max(complete, key=lambda state: state[1])[0].get("run_id")
@@ -100,7 +107,7 @@ def _newest_run(folder: Path, complete: list[tuple[dict[str, Any], int, Path]]) 
     ordered = [child for _, _, child in sorted(((run_step(m), w, c) for m, w, c in complete), reverse=True)]
     ours = [child for child in ordered if run_of[child] == run_id]
     runs = len(set(run_of.values()))
-    if runs > 1:
+    if runs > 1 and warn:
         others = [child.name for child in reversed(ordered) if run_of[child] != run_id]
         warnings.warn(
             f"{folder} holds the training states of {runs} runs: continuing run {run_id}, which wrote "
@@ -128,9 +135,4 @@ def list_complete_states(save_dir: Path) -> list[tuple[int, Path]]:
     """Complete training states directly inside ``save_dir``, oldest first (by the run's update step)."""
     if not save_dir.is_dir():
         return []
-    states = []
-    for child in save_dir.iterdir():
-        manifest = read_manifest(child) if child.is_dir() and not child.name.startswith(".") else None
-        if manifest is not None:
-            states.append((run_step(manifest), child))
-    return sorted(states)
+    return sorted((run_step(manifest), child) for manifest, child in _manifests_in(save_dir) if manifest)

@@ -10,6 +10,7 @@ not been refreshed (every save refreshes it) for ``PT_ACC_LOCK_EXPIRY`` seconds 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,7 +24,6 @@ from .._internal.process_group import seconds_from_env
 
 LOCK_NAME = ".run.lock"
 EXPIRY_ENV = "PT_ACC_LOCK_EXPIRY"
-DEFAULT_EXPIRY_S = 3600.0
 
 
 class FolderInUseError(RuntimeError):
@@ -51,12 +51,12 @@ def acquire(folder: Path, run_id: str) -> dict[str, Any]:
     for _ in range(3):  # a stale lock taken over by another run meanwhile: look again
         if _create(lock, record):
             return record
-        holder = _read(lock)
+        holder = read(folder)
         if holder is not None and not _is_stale(lock, holder):
             raise FolderInUseError(_in_use_message(folder, holder, run_id))
         if holder is not None:
             _remove_stale(lock, holder)
-    raise FolderInUseError(_in_use_message(folder, _read(lock) or {}))
+    raise FolderInUseError(_in_use_message(folder, read(folder) or {}))
 
 
 def refresh(folder: Path, record: dict[str, Any]) -> None:
@@ -66,28 +66,24 @@ def refresh(folder: Path, record: dict[str, Any]) -> None:
         FolderInUseError: when another run took it over (its holder seemed gone).
     """
     lock = folder / LOCK_NAME
-    holder = _read(lock)
-    if holder is None and _create(lock, record):  # removed by hand: taken again
+    if read(folder) is None and _create(lock, record):  # removed by hand: taken again
         return
-    holder = _read(lock) if holder is None else holder
-    if holder is None or holder.get("token") != record["token"]:
+    holder = read(folder) or {}
+    if holder.get("token") != record["token"]:
         raise FolderInUseError(
-            f"This run's lock on {folder} was taken over by another run ({_describe(holder or {})}): "
+            f"This run's lock on {folder} was taken over by another run ({_describe(holder)}): "
             f"it seemed gone (no save for {EXPIRY_ENV}={_expiry_s():g} seconds, or its process ended). "
             f"Nothing more is saved there, so the two runs' states do not mix; save into another folder."
         )
-    try:
+    with contextlib.suppress(OSError):  # a folder that turned read-only: the save itself says so
         os.utime(lock)
-    except OSError:  # a folder that turned read-only: the save itself says so
-        pass
 
 
 def release(folder: Path, record: dict[str, Any]) -> None:
     """Remove the lock of ``folder`` if it is still ``record``'s; never raises, since it runs on
     every exit path of a run, where it must not hide the error that ended the run."""
     lock = folder / LOCK_NAME
-    holder = _read(lock)
-    if holder is not None and holder.get("token") == record["token"]:
+    if (read(folder) or {}).get("token") == record["token"]:
         try:
             lock.unlink(missing_ok=True)
         except OSError as error:  # e.g. a folder that turned read-only during the run
@@ -120,22 +116,14 @@ def _create(lock: Path, record: dict[str, Any]) -> bool:
     return True
 
 
-def read(folder: Path) -> dict[str, Any] | None:
-    """The record of ``folder``'s lock (see :func:`_read`)."""
-    return _read(folder / LOCK_NAME)
-
-
-def _read(lock: Path) -> dict[str, Any] | None:
-    """The lock's record; None when there is no lock; {} when it cannot be read (being written)."""
+def read(folder: Path, name: str = LOCK_NAME) -> dict[str, Any] | None:
+    """The record of ``folder``'s lock (or of the lock file ``name`` there); None when there is no
+    lock; {} when it cannot be read (being written)."""
     try:
-        text = lock.read_text()
+        record = json.loads((folder / name).read_text())
     except FileNotFoundError:
         return None
-    except OSError:
-        return {}
-    try:
-        record = json.loads(text)
-    except ValueError:
+    except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -179,25 +167,23 @@ def _remove_stale(lock: Path, holder: dict[str, Any]) -> None:
         os.rename(lock, aside)
     except FileNotFoundError:  # another run removed it first
         return
-    moved = _read(aside)
+    moved = read(aside.parent, aside.name)
     if moved is not None and moved.get("token") != holder.get("token"):
-        try:  # a fresh lock, taken since we read the stale one
+        with contextlib.suppress(FileExistsError):  # a fresh lock, taken since we read the stale one
             os.link(aside, lock)
-        except FileExistsError:
-            pass
     aside.unlink(missing_ok=True)
 
 
 def _expiry_s() -> float:
-    return seconds_from_env(EXPIRY_ENV, DEFAULT_EXPIRY_S)
+    return seconds_from_env(EXPIRY_ENV, 3600.0)
 
 
 def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
-        return "a holder whose lock file is being written or unreadable"
     return (
         f"run {holder.get('run_id')}, process {holder.get('pid')} on host {holder.get('host')}, "
         f"since {holder.get('since')}"
+        if holder
+        else "a holder whose lock file is being written or unreadable"
     )
 
 

@@ -75,11 +75,6 @@ class MappedPosition:
     skip: int
 
 
-def samples_consumed(batch_index: int, skipped: int, saved: BatchSettings, num_samples: int) -> int:
-    """Samples of the epoch's global order seen at ``batch_index`` (at most the whole epoch)."""
-    return min(num_samples, skipped + batch_index * saved.global_batch)
-
-
 def map_position(
     consumed: int, now: BatchSettings, num_samples: int, batches_per_epoch: int
 ) -> MappedPosition:
@@ -117,11 +112,11 @@ def kept_accumulation(
         ValueError: naming the numbers and the fixes, when ``now``'s processes x per-device batch
             does not divide the saved global batch.
     """
-    asked_then = saved_asked or saved.gradient_accumulation_steps
+    # The accumulation asked then: the one saved, unless the saving run kept a global batch itself.
     if saved.num_processes in (0, now.num_processes) or (
         now.per_device_batch_size,
         now.gradient_accumulation_steps,
-    ) != (saved.per_device_batch_size, asked_then):
+    ) != (saved.per_device_batch_size, saved_asked or saved.gradient_accumulation_steps):
         return None
     samples = saved.global_batch * saved.gradient_accumulation_steps
     if samples % now.global_batch == 0:
@@ -154,33 +149,27 @@ def unmappable_loader_reason(train_dl_kwargs: dict[str, Any], dataset: Any, map_
     return "the training loader does not use the Trainer's ReproducibleShuffleSampler (create_train_dataloader was overridden?)"
 
 
-def unmappable_message(directory: Path, change: str, reason: str, saved: BatchSettings) -> str:
-    return (
-        f"Cannot resume {directory} mid-epoch on other settings (it was {change}): {reason}, so the "
-        f"saved position does not map onto this run. Resume with the saved settings ({saved.describe()}), "
-        f"or from a state saved at the end of an epoch (SaveTrainingStateCallback's epoch_<E> states)."
-    )
-
-
 def check_same_training_set(
     state: dict[str, Any], manifest: dict[str, Any], num_samples: int, saved: BatchSettings, directory: Path
 ) -> None:
     """Raise unless the state was saved over a training set of ``num_samples`` samples: the
     recorded length, or (older states) one consistent with the recorded batches per epoch."""
-    recorded = state.get("train_samples")
-    if recorded is not None:
-        if int(recorded) == num_samples:
-            return
-        found = f"{recorded} training samples"
-    else:
-        batches = manifest.get("num_batches_per_epoch")
-        if batches in (math.ceil(num_samples / saved.global_batch), num_samples // saved.global_batch):
-            return
-        found = f"{batches} batches per epoch (on {saved.num_processes} process(es) of {saved.per_device_batch_size})"
-    raise ValueError(
-        f"{directory} was saved mid-epoch with {found}, but this run's training set has {num_samples} samples: "
-        f"the training set differs, so the saved position means nothing here. Resume with the same data set."
+    recorded, batches = state.get("train_samples"), manifest.get("num_batches_per_epoch")
+    fits = (
+        int(recorded) == num_samples
+        if recorded is not None
+        else batches in (math.ceil(num_samples / saved.global_batch), num_samples // saved.global_batch)
     )
+    found = (
+        f"{recorded} training samples"
+        if recorded is not None
+        else f"{batches} batches per epoch (on {saved.num_processes} process(es) of {saved.per_device_batch_size})"
+    )
+    if not fits:
+        raise ValueError(
+            f"{directory} was saved mid-epoch with {found}, but this run's training set has {num_samples} samples: "
+            f"the training set differs, so the saved position means nothing here. Resume with the same data set."
+        )
 
 
 def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: int) -> dict[str, Any]:
@@ -192,14 +181,14 @@ def remap_process_states(saved: list[dict[str, Any]], rank: int, num_processes: 
     Rank r takes the RNG states of rank ``r mod len(saved)``; a rank that saved none is marked
     (:data:`RESEED_KEY`) to reseed from them, so no two ranks draw the same numbers.
     """
-    own = dict(saved[rank % len(saved)])
-    own["rng"] = dict(own["rng"])
-    if rank >= len(saved):
-        own["rng"][RESEED_KEY] = rank
-    own["train_loss"] = _summed([state.get("train_loss") for state in saved]) if rank == 0 else None
+    own = saved[rank % len(saved)]
     points = [(state.get("step_metrics") or {}).get("loss_since_point") for state in saved]
-    own["step_metrics"] = {"loss_since_point": _summed(points)} if rank == 0 and any(points) else None
-    return own
+    return {
+        **own,
+        "rng": {**own["rng"], **({RESEED_KEY: rank} if rank >= len(saved) else {})},
+        "train_loss": _summed([state.get("train_loss") for state in saved]) if rank == 0 else None,
+        "step_metrics": {"loss_since_point": _summed(points)} if rank == 0 and any(points) else None,
+    }
 
 
 def _summed(shares: list[dict[str, Any] | None]) -> dict[str, Any] | None:

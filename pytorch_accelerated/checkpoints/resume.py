@@ -34,16 +34,19 @@ def position_to_save(objects: TrainingObjects) -> dict[str, int]:
     if objects.run_state.epoch_finished:
         # The epoch's last event has fired: a resumed run starts the next epoch.
         position.update(epoch=position["epoch"] + 1, batch_index=0, epoch_step=0)
-    elif config is not None and position["batch_index"] % config.gradient_accumulation_steps:
+    elif (
+        config is not None
+        and position["batch_index"] % config.gradient_accumulation_steps
         # The partial last window of an epoch ends with an update; a stream's end is not known here.
-        if position["batch_index"] != batches_per_epoch(objects.train_dataloader, position["batch_index"]):
-            raise RuntimeError(
-                f"save_training_state was called in the middle of a gradient accumulation window "
-                f"(batch {position['batch_index']} with gradient_accumulation_steps="
-                f"{config.gradient_accumulation_steps}); the accumulated gradients would be lost. "
-                f"Save right after an optimizer update, e.g. from on_train_step_end when "
-                f"is_update_step is True."
-            )
+        and position["batch_index"] != batches_per_epoch(objects.train_dataloader, position["batch_index"])
+    ):
+        raise RuntimeError(
+            f"save_training_state was called in the middle of a gradient accumulation window "
+            f"(batch {position['batch_index']} with gradient_accumulation_steps="
+            f"{config.gradient_accumulation_steps}); the accumulated gradients would be lost. "
+            f"Save right after an optimizer update, e.g. from on_train_step_end when "
+            f"is_update_step is True."
+        )
     return position
 
 
@@ -51,12 +54,9 @@ def restore_position(objects: TrainingObjects, state: dict[str, Any], process_st
     """Restore the saved position, run history (when saved) and working state of the run."""
     objects.progress.load_state_dict(state["progress"])
     if state["run_history"] is not None:
-        run_state = dict(state)
         # States saved before the first epoch was recorded: the history's epoch tells it.
-        run_state.setdefault(
-            "history_first_epoch", state["run_history"]["current_epoch"] - state["progress"]["epoch"]
-        )
-        objects.run_state.load_state_dict(run_state)
+        first_epoch = state["run_history"]["current_epoch"] - state["progress"]["epoch"]
+        objects.run_state.load_state_dict({"history_first_epoch": first_epoch, **state})
         objects.run_history.load_state_dict(state["run_history"])
     objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
     objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
@@ -74,9 +74,7 @@ def accumulation_keeping_global_batch(
         ValueError: before training, when no accumulation keeps it.
     """
     try:
-        with warnings.catch_warnings():  # the resume itself warns about what it finds there
-            warnings.simplefilter("ignore")
-            candidates = candidate_states(path)[0]
+        candidates = candidate_states(path, warn=False)[0]  # the resume itself warns about other runs
     except (OSError, ValueError):
         return asked  # nothing to resume: the resume itself says so, or the run starts fresh
     # The newest whose manifest reads (a damaged one is skipped by the resume too).
@@ -115,9 +113,14 @@ def check_run_settings(
     )
     mid_epoch = manifest["batch_index"] > 0
     # An epoch resumed on other settings starts its order after some samples: it maps too.
-    skipped = int(state.get("samples_skipped") or 0) if mid_epoch else 0
-    if saved == now and not skipped:
-        _check_same_batches(objects, manifest, directory)
+    if saved == now and not (mid_epoch and state.get("samples_skipped")):
+        num_batches = batches_per_epoch(objects.train_dataloader)
+        if mid_epoch and manifest["num_batches_per_epoch"] != num_batches:
+            raise ValueError(
+                f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
+                f"but this run has {num_batches}: the training set differs, so the saved "
+                f"position means nothing here. Resume with the same data set."
+            )
         return None
     change = (
         f"saved with {saved.describe()}, resumed with {now.num_processes} x {now.per_device_batch_size} x "
@@ -130,7 +133,7 @@ def check_run_settings(
             stacklevel=6,
         )
         return None
-    mapped = _map_saved_position(objects, directory, manifest, state, (saved, now), change)
+    mapped = _map_saved_position(objects, directory, manifest, state, saved, now, change)
     warnings.warn(
         f"Resuming {directory} mid-epoch: it was {change}. {mapped.consumed} samples of epoch "
         f"{manifest['epoch'] + 1}'s order were seen; the rest of the epoch visits each of the others once, in "
@@ -141,32 +144,23 @@ def check_run_settings(
     return mapped
 
 
-def _check_same_batches(objects: TrainingObjects, manifest: dict[str, Any], directory: Path) -> None:
-    num_batches = batches_per_epoch(objects.train_dataloader)
-    if manifest["batch_index"] > 0 and manifest["num_batches_per_epoch"] != num_batches:
-        raise ValueError(
-            f"{directory} was saved mid-epoch with {manifest['num_batches_per_epoch']} batches per epoch, "
-            f"but this run has {num_batches}: the training set differs, so the saved "
-            f"position means nothing here. Resume with the same data set."
-        )
-
-
 def _map_saved_position(
     objects: TrainingObjects,
     directory: Path,
     manifest: dict[str, Any],
     state: dict[str, Any],
-    settings: tuple[reshard.BatchSettings, reshard.BatchSettings],
+    saved: reshard.BatchSettings,
+    now: reshard.BatchSettings,
     change: str,
 ) -> MappedPosition:
-    """The position on this run's settings of a state saved mid-epoch on ``settings[0]`` (the
-    same samples of the epoch's global order seen), or a ValueError saying why there is none.
+    """The position on this run's settings of a state saved mid-epoch on ``saved`` (the same
+    samples of the epoch's global order seen), or a ValueError saying why there is none.
 
     Without the Trainer's shuffle sampler, only a change that keeps the samples per batch index
     (processes x per-device batch) and the accumulation maps: to the same batch."""
-    saved, now = settings
     config, sampler, accelerator = objects.run_config, objects.run_state.train_sampler, objects.accelerator
     assert config is not None
+    skipped = int(state.get("samples_skipped") or 0)
     reason = None
     if sampler is None:
         dataset = objects.train_dataset
@@ -174,24 +168,24 @@ def _map_saved_position(
     elif accelerator.split_batches or accelerator.dispatch_batches:
         reason = "accelerate's split_batches or dispatch_batches is set, so processes do not take whole batches in turn"
     if reason is not None or sampler is None:
-        same_batches = (saved.global_batch, saved.gradient_accumulation_steps) == (
+        if not skipped and (saved.global_batch, saved.gradient_accumulation_steps) == (
             now.global_batch,
             now.gradient_accumulation_steps,
-        )
-        if same_batches and not state.get("samples_skipped"):
+        ):
             return MappedPosition(manifest["batch_index"] * saved.global_batch, manifest["batch_index"], 0)
-        raise ValueError(reshard.unmappable_message(directory, change, str(reason), saved))
+        raise ValueError(
+            f"Cannot resume {directory} mid-epoch on other settings (it was {change}): {reason}, so the "
+            f"saved position does not map onto this run. Resume with the saved settings ({saved.describe()}), "
+            f"or from a state saved at the end of an epoch (SaveTrainingStateCallback's epoch_<E> states)."
+        )
     num_samples = sampler.num_samples
     reshard.check_same_training_set(state, manifest, num_samples, saved, directory)
     # The epoch's training was done (saved at its last batch, or during its evaluation).
     done = manifest["batch_index"] >= (manifest.get("num_batches_per_epoch") or math.inf) or bool(
         state.get("epoch_trained")
     )
-    skipped = int(state.get("samples_skipped") or 0)
     consumed = (
-        num_samples
-        if done
-        else reshard.samples_consumed(manifest["batch_index"], skipped, saved, num_samples)
+        num_samples if done else min(num_samples, skipped + manifest["batch_index"] * saved.global_batch)
     )
     return reshard.map_position(consumed, now, num_samples, batches_per_epoch(objects.train_dataloader))
 
@@ -202,8 +196,11 @@ def adopt_run_settings(
     """After a resume's position is restored: continue at ``mapped`` (see :mod:`.reshard`),
     and let the loss weighting find its unit again when the per-device batch size changed."""
     window, sampler, config = objects.run_state.window, objects.run_state.train_sampler, objects.run_config
-    per_device = config.train_per_device_batch_size if config is not None else None
-    if window is not None and config is not None and manifest.get("per_device_batch_size") != per_device:
+    if (
+        window is not None
+        and config is not None
+        and manifest.get("per_device_batch_size") != config.train_per_device_batch_size
+    ):
         window.unit = None
     if mapped is not None:
         objects.progress.batch_index = mapped.batch_index

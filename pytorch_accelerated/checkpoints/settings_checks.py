@@ -72,22 +72,23 @@ def check_optimizer(objects: TrainingObjects, directory: Path, state: dict[str, 
             f"{directory} holds the state of a {saved_class} optimizer, but this run's optimizer is a {now_class}: "
             f"its parameter groups would replace this optimizer's settings. {fix}"
         )
-    saved_shapes = recorded.get("param_shapes")
-    if saved_shapes is not None and not uses_fsdp(objects.accelerator):
-        now_shapes = param_shapes(optimizer)
-        if saved_shapes != now_shapes:
-            raise ValueError(
-                f"{directory} holds an optimizer state for parameters of shapes {_describe(saved_shapes)} per "
-                f"group, but this run's optimizer has {_describe(now_shapes)}: the groups hold other "
-                f"parameters. {fix}"
-            )
-    if isinstance(saved, dict) and saved.get("param_groups"):
-        lacking = _lacking_after_load(optimizer, saved["param_groups"])
-        if lacking:
-            raise ValueError(
-                f"{directory} holds an optimizer state whose parameter groups lack {lacking}, which this run's "
-                f"{now_class} needs: it was saved with another optimizer. {fix}"
-            )
+    saved_shapes, now_shapes = recorded.get("param_shapes"), param_shapes(optimizer)
+    if saved_shapes not in (None, now_shapes) and not uses_fsdp(objects.accelerator):
+        raise ValueError(
+            f"{directory} holds an optimizer state for parameters of shapes {_describe(saved_shapes)} per "
+            f"group, but this run's optimizer has {_describe(now_shapes)}: the groups hold other "
+            f"parameters. {fix}"
+        )
+    lacking = (
+        _lacking_after_load(optimizer, saved["param_groups"])
+        if isinstance(saved, dict) and saved.get("param_groups")
+        else []
+    )
+    if lacking:
+        raise ValueError(
+            f"{directory} holds an optimizer state whose parameter groups lack {lacking}, which this run's "
+            f"{now_class} needs: it was saved with another optimizer. {fix}"
+        )
 
 
 def _lacking_after_load(optimizer: Any, saved_groups: list[dict[str, Any]]) -> list[str]:
@@ -108,13 +109,6 @@ def _describe(shapes: list[list[list[int]]]) -> str:
     )
 
 
-def train_samples(objects: TrainingObjects, state: dict[str, Any]) -> tuple[int | None, int | None]:
-    """The training set's length that ``state`` records and this run's (None: not known)."""
-    recorded = (state.get("run_settings") or {}).get("train_samples", state.get("train_samples"))
-    dataset = objects.train_dataset
-    return recorded, len(dataset) if is_map_style(dataset) else None
-
-
 def check_training_set(
     objects: TrainingObjects, directory: Path, state: dict[str, Any], mid_epoch: bool
 ) -> list[str]:
@@ -124,7 +118,8 @@ def check_training_set(
     Raises:
         ValueError: naming both lengths and the fix.
     """
-    saved, now = train_samples(objects, state)
+    saved = (state.get("run_settings") or {}).get("train_samples", state.get("train_samples"))
+    now = run_settings(objects)["train_samples"]  # None: not known (as ``saved``)
     if saved is None or now is None or int(saved) == now:
         return []
     if mid_epoch:
@@ -152,17 +147,14 @@ def changes(objects: TrainingObjects, state: dict[str, Any], saved_optimizer: An
     optimizer = plain_optimizer(objects.optimizer)
     if optimizer is None or not isinstance(saved_optimizer, dict):
         return found
-    differing = []
-    for index, (saved, now) in enumerate(
-        zip(saved_optimizer.get("param_groups", ()), optimizer.param_groups, strict=True)
-    ):
-        saved, now = _settings(saved), _settings(now)
-        where = f" (group {index})" if len(optimizer.param_groups) > 1 else ""
-        differing += [
-            f"{key} {saved[key]!r}{where}, not this run's {now[key]!r}"
-            for key in sorted(set(saved) & set(now))
-            if not _same(saved[key], now[key])
-        ]
+    where = " (group {})" if len(optimizer.param_groups) > 1 else ""
+    groups = zip(saved_optimizer.get("param_groups", ()), optimizer.param_groups, strict=True)
+    differing = [
+        f"{key} {saved[key]!r}{where.format(index)}, not this run's {now[key]!r}"
+        for index, (saved, now) in enumerate((_settings(saved), _settings(now)) for saved, now in groups)
+        for key in sorted(set(saved) & set(now))
+        if not _same(saved[key], now[key])
+    ]
     if differing:
         found.append(
             "the optimizer continues with its saved settings: "
@@ -174,8 +166,10 @@ def changes(objects: TrainingObjects, state: dict[str, Any], saved_optimizer: An
 
 def _settings(group: dict[str, Any]) -> dict[str, Any]:
     """A parameter group's settings; the learning rate as set by the user (before a scheduler)."""
-    settings = {key: value for key, value in group.items() if key not in SCHEDULE_KEYS}
-    settings["lr"] = group.get("initial_lr", group.get("lr"))
+    settings = {
+        **{key: value for key, value in group.items() if key not in SCHEDULE_KEYS},
+        "lr": group.get("initial_lr", group.get("lr")),
+    }
     if "max_momentum" in group:  # OneCycleLR/CyclicLR cycle the momentum (Adam's first beta): compare
         settings.pop("momentum", None)  # their bounds, max_momentum and base_momentum, instead
         if "betas" in settings:

@@ -19,9 +19,6 @@ from torch import nn
 
 from . import directories, files, reshard
 
-PROCESS_STATE_KEYS = ("rng", "train_loss")
-RNG_KEYS = ("python", "torch")
-
 
 class StateMismatchError(RuntimeError):
     """A saved state that does not fit the object it would be loaded into (another model or
@@ -53,8 +50,8 @@ def read_process_state(
 
 def _read_rank_file(directory: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
     process_state = read_file(directory, name, manifest)
-    require_keys(process_state, PROCESS_STATE_KEYS, directory / name)
-    require_keys(process_state["rng"], RNG_KEYS, directory / name, "rng")
+    require_keys(process_state, ("rng", "train_loss"), directory / name)
+    require_keys(process_state["rng"], ("python", "torch"), directory / name, "rng")
     return dict(process_state)
 
 
@@ -112,20 +109,20 @@ def check_model_state(model: nn.Module, state: Any, source: str) -> None:
         raise StateMismatchError(f"The checkpoint {source!r} holds no model state dict (a dict of tensors).")
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     found = {name: tuple(value.shape) for name, value in state.items()}
-    problems = []
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    if missing:
-        problems.append(f"missing keys {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_few(unexpected)}")
     mismatched = [
         f"{name}: {found[name]} in the file, {expected[name]} in the model"
         for name in sorted(set(found) & set(expected))
         if found[name] != expected[name]
     ]
-    if mismatched:
-        problems.append(f"size mismatch for {_few(mismatched)}")
+    problems = [
+        f"{what} {_few(names)}"
+        for what, names in (
+            ("missing keys", sorted(set(expected) - set(found))),
+            ("unexpected keys", sorted(set(found) - set(expected))),
+            ("size mismatch for", mismatched),
+        )
+        if names
+    ]
     if problems:
         raise StateMismatchError(
             f"The checkpoint {source!r} does not fit this model ({type(model).__name__}): "
