@@ -2,7 +2,7 @@
 process a stop signal finds stuck outside Python (in a collective whose peer died, typically).
 
 The collective timeout itself is set where the process group is created
-(:func:`.process_group.process_group_kwargs`); the wait for the processes of a launch to
+(:func:`.process_group.accelerator_with_collective_timeout`); the wait for the processes of a launch to
 join it, in :mod:`.launch_checks`.
 """
 

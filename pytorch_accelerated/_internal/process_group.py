@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -42,13 +43,33 @@ def collective_timeout_s() -> float:
     return seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S)
 
 
-def process_group_kwargs() -> list[InitProcessGroupKwargs]:
-    """accelerate's ``kwargs_handlers`` that give the process group :func:`collective_timeout_s`.
+#: How long the processes wait for each other while their group forms, when the collective
+#: timeout is shorter: they reach that point seconds apart (one imports or builds its model more
+#: slowly), and a short ``PT_ACC_COLLECTIVE_TIMEOUT`` is meant for collectives, not for that wait.
+#: A process that never arrives is found by the launcher (torchrun ends the others when one
+#: exits) or, for a hand-made launch, by the check of :mod:`.launch_checks` before this.
+GROUP_FORMATION_TIMEOUT_S = DEFAULT_COLLECTIVE_TIMEOUT_S
 
-    They apply when the Trainer's Accelerator creates the process group (the usual case under
-    ``torchrun`` / ``accelerate launch``); a group created earlier keeps its own timeout.
+
+def accelerator_with_collective_timeout(**kwargs: Any) -> Accelerator:
+    """``Accelerator(**kwargs)`` whose process group, when it creates one, times out collectives
+    after :func:`collective_timeout_s`.
+
+    The group forms with the longer of that and :data:`GROUP_FORMATION_TIMEOUT_S`, then one
+    barrier under that timeout connects every process (NCCL connects lazily, at the first
+    collective); only then does the collective timeout apply. A group created before keeps its
+    own timeout.
     """
-    return [InitProcessGroupKwargs(timeout=timedelta(seconds=collective_timeout_s()))]
+    collective = timedelta(seconds=collective_timeout_s())
+    forms_group = torch.distributed.is_available() and not torch.distributed.is_initialized()
+    formation = max(collective, timedelta(seconds=GROUP_FORMATION_TIMEOUT_S))
+    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=formation)], **kwargs)
+    if forms_group and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        # torch.distributed.set_timeout is public from torch 2.14; 2.13 has it under this name.
+        set_timeout = getattr(torch.distributed, "set_timeout", None)
+        (set_timeout or torch.distributed.distributed_c10d._set_pg_timeout)(collective)
+    return accelerator
 
 
 def default_accelerator() -> Accelerator:
@@ -56,9 +77,7 @@ def default_accelerator() -> Accelerator:
     usual): collectives time out after :func:`collective_timeout_s`, and a group of processes
     launched on a machine with no accelerator forms a CPU (gloo) group."""
     launched_as_group = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(
-        cpu=launched_as_group and not has_accelerator_device(), kwargs_handlers=process_group_kwargs()
-    )
+    return accelerator_with_collective_timeout(cpu=launched_as_group and not has_accelerator_device())
 
 
 def shared_random_seed(accelerator: Accelerator) -> int:

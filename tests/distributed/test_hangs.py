@@ -63,7 +63,9 @@ def test_a_collective_the_other_rank_never_reaches_fails_after_the_timeout_namin
     monkeypatch.setenv("PT_ACC_COLLECTIVE_TIMEOUT", str(TIMEOUT_S))
     run = launch_workers("hangs.py", tmp_path, "--mode", mode, expect_success=False, timeout_s=60)
     assert run.returncode != 0
-    assert run.elapsed_s < 30, run.describe()  # without the timeout: 30 minutes
+    # raise_in_train: rank 0 starts 2.5 timeouts late, and the group must still form (it failed
+    # with torch's DistStoreError at formation when the timeout applied there too).
+    assert run.elapsed_s < 35, run.describe()  # without the timeout: 30 minutes
     failed, lingering = run.results
     assert lingering["error"] == "ValueError('rank 1 failed on purpose')" and lingering["notes"][
         -1

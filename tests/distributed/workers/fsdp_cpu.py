@@ -17,7 +17,7 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated._internal.process_group import process_group_kwargs
+from pytorch_accelerated._internal.process_group import accelerator_with_collective_timeout
 
 
 def fsdp_plugin(state_dict_type: str = "SHARDED_STATE_DICT", **kwargs: Any) -> FullyShardedDataParallelPlugin:
@@ -36,7 +36,7 @@ def fsdp_accelerator_on_cpu(
 ) -> Accelerator:
     """A real Accelerator whose engine is FSDP, on the CPU group this process belongs to."""
     plugin = plugin or fsdp_plugin()
-    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, kwargs_handlers=process_group_kwargs(), **kwargs)
+    accelerator = accelerator_with_collective_timeout(cpu=True, fsdp_plugin=plugin, **kwargs)
     # AcceleratorState copies PartialState's fields whenever it is built again: set both.
     PartialState().distributed_type = DistributedType.FSDP
     state = AcceleratorState()

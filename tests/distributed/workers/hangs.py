@@ -12,7 +12,9 @@
 * ``raise_in_train`` / ``raise_in_eval``: rank 1 raises in a callback, during training or
   during the first evaluation, and stays alive without taking part (as a script that catches
   the error would); rank 0 must fail after ``PT_ACC_COLLECTIVE_TIMEOUT`` seconds, with a note
-  naming its rank and where it was.
+  naming its rank and where it was. In ``raise_in_train`` rank 0 starts 2.5 collective timeouts
+  after rank 1: the group must still form (the timeout counts for collectives, not for the wait
+  at the start), and the timeout must still hold for the collective rank 1 never reaches.
 * ``sleep_in_callback``: rank 1 sleeps in a callback longer than the collective timeout, then
   carries on; rank 0 must fail after the timeout with a note that rank 1 did not reach the
   collective in time (not that it failed).
@@ -124,8 +126,13 @@ def raise_error(trainer: Any) -> None:
     raise ValueError(f"rank {rank()} failed on purpose")
 
 
-def fail_and_linger(out: Path, event: str) -> None:
-    """Rank 1 raises in ``event`` and stays alive without taking part; rank 0 must time out."""
+def fail_and_linger(out: Path, event: str, late_start: bool) -> None:
+    """Rank 1 raises in ``event`` and stays alive without taking part; rank 0 must time out.
+
+    With ``late_start``, rank 0 creates its Trainer 2.5 collective timeouts after rank 1.
+    """
+    if late_start and rank() == 0:
+        time.sleep(2.5 * float(os.environ["PT_ACC_COLLECTIVE_TIMEOUT"]))
     started = time.monotonic()
     try:
         train(out, Inject(event, 1, raise_error, lambda t: t.progress.global_step >= 3), handle_signals=())
@@ -169,9 +176,8 @@ def main() -> None:
     elif args.mode == "sleep_in_callback":
         sleep_in_callback(args.out)
     else:
-        fail_and_linger(
-            args.out, {"raise_in_train": "on_train_step_end", "raise_in_eval": "on_eval_step_end"}[args.mode]
-        )
+        event = {"raise_in_train": "on_train_step_end", "raise_in_eval": "on_eval_step_end"}[args.mode]
+        fail_and_linger(args.out, event, late_start=args.mode == "raise_in_train")
 
 
 if __name__ == "__main__":
