@@ -152,3 +152,54 @@ def test_log_metrics_can_be_overridden_to_send_metrics_elsewhere() -> None:
     trainer.train(make_regression_data(4), num_epochs=2, per_device_batch_size=2)
     assert [set(m) for m in logged] == [{"train_loss_epoch"}, {"train_loss_epoch"}]
     assert logged[1]["train_loss_epoch"] == trainer.run_history.get_metric_values("train_loss_epoch")[1]
+
+
+def test_a_subclass_override_of_an_end_event_runs_on_that_event_only(tmp_path: Any) -> None:
+    """Saves and failures reach the batteries' private helpers, never their overridable events: a
+    subclass that overrides an end event (to log, say) sees it once per event, not on every state
+    save or on the exception that ends the run."""
+    from pytorch_accelerated.callbacks import (
+        LimitBatchesCallback,
+        LimitEvalStepsCallback,
+        SaveTrainingStateCallback,
+        TrackingCallback,
+    )
+
+    calls: list[str] = []
+
+    def recorded(cls: type, *events: str) -> type:
+        def override(event: str) -> Any:
+            def method(self: Any, trainer: Any, *args: Any, **kwargs: Any) -> None:
+                calls.append(f"{cls.__name__}.{event}")
+                getattr(super(subclass, self), event)(trainer, *args, **kwargs)
+
+            return method
+
+        subclass = type(f"My{cls.__name__}", (cls,), {event: override(event) for event in events})
+        return subclass
+
+    class FailInEpoch2(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            if trainer.run_history.current_epoch == 2 and kwargs.get("is_update_step"):
+                raise RuntimeError("epoch 2 fails")
+
+    callbacks = (
+        recorded(TrackingCallback, "on_training_run_epoch_end", "on_training_run_end")(
+            "csv", logging_dir=tmp_path / "runs"
+        ),
+        recorded(LimitBatchesCallback, "on_training_run_end", "on_eval_epoch_end")(3),
+        recorded(LimitEvalStepsCallback, "on_eval_epoch_end", "on_training_run_end")(1, False),
+        SaveTrainingStateCallback(tmp_path / "states", save_every_n_steps=1, save_at_end=False),
+        FailInEpoch2(),
+    )
+    model = make_linear_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=callbacks)
+    with pytest.raises(RuntimeError, match="epoch 2 fails"):
+        trainer.train(make_regression_data(16), num_epochs=2, eval_dataset=make_regression_data(8),
+                      per_device_batch_size=2)  # fmt: skip
+    assert sorted(calls) == [  # epoch 1's end events, each once; none for 4 saves or the failure
+        "LimitBatchesCallback.on_eval_epoch_end",
+        "LimitEvalStepsCallback.on_eval_epoch_end",
+        "TrackingCallback.on_training_run_epoch_end",
+    ]
+    assert len(list((tmp_path / "states").iterdir())) >= 3  # the saves did run
