@@ -360,15 +360,15 @@ def default_dataloader_kwargs(
     sets (they cost a start-up per epoch). Their base seed comes from the loader's ``generator``,
     seeded with ``seed``, not from the global RNG.
     """
-    no_workers = device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size
+    if device.type == "cpu" or not is_map_style(dataset) or len(dataset) < 64 * batch_size:
+        num_workers = 0
+    else:  # this machine's cores, shared by its processes; 1 to 8 each
+        processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", local_processes))
+        num_workers = max(1, min(8, (os.cpu_count() or 1) // processes_here))
     return {
         "batch_size": batch_size,
         "pin_memory": device.type == "cuda",
-        "num_workers": 0
-        if no_workers
-        else max(
-            1, min(8, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", local_processes)))
-        ),
+        "num_workers": num_workers,
         "worker_init_fn": worker_init_fn,
         **({"generator": torch.Generator().manual_seed(seed)} if seed is not None else {}),
     }
@@ -388,10 +388,15 @@ def shard_evaluation(
 def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``overrides`` over ``defaults``, dropping the defaults that a given sampler or batch
     sampler replaces, and the worker arguments when there are no workers."""
-    given, kwargs = overrides or {}, {**defaults, **(overrides or {})}
-    dropped = {"shuffle"} if "sampler" in given else set()
-    dropped |= {"batch_size", "shuffle", "sampler", "drop_last"} if "batch_sampler" in given else set()
-    dropped |= {"worker_init_fn", "persistent_workers"} if kwargs.get("num_workers", 0) == 0 else set()
+    given = overrides or {}
+    kwargs = {**defaults, **given}
+    dropped = set()
+    if "sampler" in given:
+        dropped.add("shuffle")
+    if "batch_sampler" in given:  # DataLoader refuses these beside a batch sampler
+        dropped |= {"batch_size", "shuffle", "sampler", "drop_last"}
+    if kwargs.get("num_workers", 0) == 0:  # no workers to initialise or keep
+        dropped |= {"worker_init_fn", "persistent_workers"}
     return {key: value for key, value in kwargs.items() if key not in dropped}
 
 
