@@ -45,54 +45,11 @@ def predict(
     num_samples: int,
     padding_value: float,
 ) -> Any:
-    """What ``Trainer.predict(dataset, per_device_batch_size=8, dataloader_kwargs=None, collate_fn=None,
-    *, padding_value=0)`` returns: the model's outputs for every sample of ``dataset``, in data-set
-    order. (Here ``batches`` are those of ``loader``, the prepared evaluation loader over ``dataset``;
-    ``padding()`` says whether the current one is a padding batch; ``predict_batch`` is the Trainer's
-    ``calculate_predict_batch_outputs``.)
-
-    Each batch goes through :meth:`calculate_predict_batch_outputs` under
-    ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
-    afterwards). Every sample is predicted exactly once, whatever the number of processes,
-    and every process gets the same, whole result, **on the CPU**: a tensor for tensor
-    outputs (the batches concatenated along dim 0), or the same structure of dicts
-    (including a transformers ``ModelOutput``), tuples and lists with each tensor
-    concatenated. Every process must call this.
-
-    Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
-    ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
-    ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
-    the run history and fires no callback event.
-
-    Args:
-        dataset: a map-style data set (with ``__len__``) of at least one sample.
-        per_device_batch_size: samples per batch on each process.
-        dataloader_kwargs: ``DataLoader`` arguments merged over
-            :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
-            ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
-            or their order (to predict on some samples, pass a ``Subset``).
-        collate_fn: makes a batch from a list of samples (default: the Trainer's
-            ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
-        padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
-            (e.g. sequences as long as the longest of their batch) are padded at the end of
-            each such dim, up to the largest size seen, with this value.
-
-    Raises:
-        ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
-            tensor does not have one row per sample (each message says how to fix it).
-        TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
-            output is not made of tensors.
-
-    >>> import torch
-    >>> from torch import nn
-    >>> from torch.utils.data import TensorDataset
-    >>> from pytorch_accelerated import Trainer
-    >>> model = nn.Linear(2, 1)
-    >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
-    >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
-    >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
-    >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
-    [1.0, 5.0, 9.0, 13.0, 17.0]
+    """The model's outputs for every sample of the data set behind ``loader``, in data-set order, on
+    the CPU: what :meth:`Trainer.predict <pytorch_accelerated.trainer.Trainer.predict>` returns.
+    ``batches`` are those of ``loader``, the prepared evaluation loader; ``padding()`` says whether
+    the current one is a padding batch; ``predict_batch`` is the Trainer's
+    ``calculate_predict_batch_outputs``. Every process must call this.
     """
     was_training = model.training
     model.eval()

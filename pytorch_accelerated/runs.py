@@ -30,7 +30,6 @@ from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import prediction
 from ._internal import distributed
 from ._internal.accumulation import WindowWeighting
 from ._internal.hangs import describe_position, explain_collective_failure
@@ -47,7 +46,7 @@ from .checkpoints import model_files
 from .checkpoints.auto_resume import AUTO, AutoResume
 from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.training_objects import TrainingObjects
-from .data import batches_per_epoch, check_same_data_on_every_process, prepare_eval_dataloader
+from .data import batches_per_epoch, check_same_data_on_every_process
 from .placeholders import replace_trainer_placeholder_values
 from .run_config import RunProgress, RunState, TrainerRunConfig
 
@@ -135,7 +134,7 @@ def evaluate(
             self.collate_fn = collate_fn
         self.loaders.set_seed(seed)
         self.loaders.eval = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
-        _set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
+        set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
         self._prepare_model_optimizer_and_dataloaders()
         check_epoch_has_batches(self.loaders.eval, dataset, "dataset", self.accelerator.num_processes)
 
@@ -234,7 +233,7 @@ def _start_run(trainer: Trainer, arguments: dict[str, Any]) -> None:
     trainer.progress, trainer.run_state = RunProgress(), run_state
 
 
-def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
+def set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
     """Give an evaluation on a Trainer that has not trained its own run config (callbacks
     read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
     if trainer.run_config is None or trainer.run_config.evaluation_only:
@@ -244,51 +243,6 @@ def _set_evaluation_run_config(trainer: Trainer, batch_size: int, eval_kwargs: d
             eval_dl_kwargs=trainer.loaders.recorded_kwargs("eval", eval_kwargs),
             seed=trainer.loaders.seed,
         )
-
-
-def predict(
-    self: Trainer,
-    dataset: Any,
-    per_device_batch_size: int = 8,
-    dataloader_kwargs: dict[str, Any] | None = None,
-    collate_fn: Any = None,
-    *,
-    padding_value: float = 0,
-) -> Any:
-    """The model's outputs for every sample of ``dataset``, in order (see :func:`.prediction.predict`).
-
-    Runs :func:`~pytorch_accelerated.prediction.predict` over a loader from the overridable
-    ``create_eval_dataloader``, prepared along with the model; the run's ``eval_dataset``,
-    ``collate_fn`` and recorded loader arguments are put back afterwards.
-    """
-    prediction.check_predict_arguments(
-        dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
-    )
-    check_same_data_on_every_process(self.accelerator, {"dataset": dataset})
-    loaders = self.loaders
-    saved = self.eval_dataset, self.collate_fn, loaders.merged_kwargs
-    self.eval_dataset = dataset
-    self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
-    try:
-        loader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
-        _set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
-    finally:
-        self.eval_dataset, self.collate_fn, loaders.merged_kwargs = saved
-    prediction.check_predict_loader(loader)
-    self._prepare_model_optimizer_and_dataloaders()
-    loader = prepare_eval_dataloader(self.accelerator, loader)
-    batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
-
-    def step(batch: Any) -> Any:
-        try:
-            return self.calculate_predict_batch_outputs(batch)
-        except Exception as error:
-            loaders.explain_padding_failure(error)
-            raise
-
-    return prediction.predict(
-        self.accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
-    )
 
 
 def run_guarded(
@@ -356,7 +310,7 @@ def run_eval_epoch(
         dataloader: what to evaluate on (default: the run's evaluation loader).
         model: evaluate this model (e.g. an EMA copy) in place of ``trainer.model``.
         is_intermediate: passed to the eval events; an intermediate evaluation records no
-        ``eval_loss_epoch``.
+            ``eval_loss_epoch``.
         metric_name_prefix: prefix for every metric recorded during this epoch.
 
     The model's train/eval mode, ``trainer.model`` and the history's prefix are restored

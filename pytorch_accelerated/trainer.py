@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
 
-from . import runs
+from . import prediction, runs
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
@@ -39,7 +39,12 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
 )
 from .callbacks.limits import limit_batches_callback_from_env
 from .checkpoints.store import TrainingStateStore
-from .data import batches_per_epoch, check_stream_gave_batches, prepare_eval_dataloader
+from .data import (
+    batches_per_epoch,
+    check_same_data_on_every_process,
+    check_stream_gave_batches,
+    prepare_eval_dataloader,
+)
 from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
@@ -457,6 +462,89 @@ class Trainer:
 
     # ------------------------------------------------------------------ utilities, prediction, checkpoints
 
+    def predict(
+        self,
+        dataset: Any,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Any = None,
+        *,
+        padding_value: float = 0,
+    ) -> Any:
+        """The model's outputs for every sample of ``dataset``, in data-set order.
+
+        Each batch goes through :meth:`calculate_predict_batch_outputs` under
+        ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
+        afterwards). Every sample is predicted exactly once, whatever the number of processes,
+        and every process gets the same, whole result, **on the CPU**: a tensor for tensor
+        outputs (the batches concatenated along dim 0), or the same structure of dicts
+        (including a transformers ``ModelOutput``), tuples and lists with each tensor
+        concatenated. Every process must call this.
+
+        Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
+        ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
+        ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
+        the run history and fires no callback event.
+
+        Args:
+            dataset: a map-style data set (with ``__len__``) of at least one sample.
+            per_device_batch_size: samples per batch on each process.
+            dataloader_kwargs: ``DataLoader`` arguments merged over
+                :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
+                ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
+                or their order (to predict on some samples, pass a ``Subset``).
+            collate_fn: makes a batch from a list of samples (default: the Trainer's
+                ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
+            padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
+                (e.g. sequences as long as the longest of their batch) are padded at the end of
+                each such dim, up to the largest size seen, with this value.
+
+        Raises:
+            ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
+                tensor does not have one row per sample (each message says how to fix it).
+            TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
+                output is not made of tensors.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> from pytorch_accelerated import Trainer
+        >>> model = nn.Linear(2, 1)
+        >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
+        >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
+        >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
+        >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
+        [1.0, 5.0, 9.0, 13.0, 17.0]
+        """
+        prediction.check_predict_arguments(
+            dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
+        )
+        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
+        loaders = self.loaders
+        saved = self.eval_dataset, self.collate_fn, loaders.merged_kwargs
+        self.eval_dataset = dataset
+        self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
+        try:
+            loader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+            runs.set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
+        finally:
+            self.eval_dataset, self.collate_fn, loaders.merged_kwargs = saved
+        prediction.check_predict_loader(loader)
+        self._prepare_model_optimizer_and_dataloaders()
+        loader = prepare_eval_dataloader(self._accelerator, loader)
+        batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
+
+        def step(batch: Any) -> Any:
+            try:
+                return self.calculate_predict_batch_outputs(batch)
+            except Exception as error:
+                loaders.explain_padding_failure(error)
+                raise
+
+        return prediction.predict(
+            self._accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
+        )
+
     @property
     def accelerator(self) -> Accelerator:
         """The ``accelerate.Accelerator`` this Trainer runs on (read-only)."""
@@ -487,7 +575,6 @@ class Trainer:
     eval_batch_is_padding = runs.eval_batch_is_padding
     train_dataloader = runs.train_dataloader
     eval_dataloader = runs.eval_dataloader
-    predict = runs.predict
     run_eval_epoch = runs.run_eval_epoch
     save_checkpoint = runs.save_checkpoint
     load_checkpoint = runs.load_checkpoint

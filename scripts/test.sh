@@ -13,7 +13,7 @@ status=0
 echo "== ruff"; ruff check pytorch_accelerated tests examples benchmarks scripts || status=1
 echo "== ruff format"; ruff format --check --quiet . || status=1
 echo "== mypy"; mypy pytorch_accelerated || status=1
-echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)" || status=1
+echo "== docs"; bash scripts/docs-gate.sh || status=1
 echo "== pytest"
 python -m pytest --durations=25 "$@"  # the 25 slowest tests: where the suite's time goes
 rc=$?

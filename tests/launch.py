@@ -1,13 +1,19 @@
-"""The one place a test starts a multi-process run: :func:`launcher` builds the command (plain
-``python`` for one process, else ``torchrun`` on loopback with a free port), and
-:func:`start_workers` / :func:`launch_workers` run the worker scripts of ``tests/distributed/workers/``
-as real process groups and read back their results.
+"""The one place a test starts a multi-process run: :func:`start_workers` / :func:`launch_workers`
+run the worker scripts of ``tests/distributed/workers/`` as real process groups and read back
+their results.
 
-A worker group is started with a timeout, with every file it writes (results, torchrun's logs,
-temporary files) under a pytest temporary folder. Each rank writes ``rank{RANK}.json`` to the
-output folder it is given; :func:`launch_workers` returns them by rank. When something goes wrong
-the assertion message holds the whole output of the group, so a failure in CI can be read
-without a rerun. The environment of every launched process is :func:`tests.helpers.subprocess_env`.
+By default a group's processes are forked from the suite's one interpreter that has imported torch
+(:mod:`tests.forked`), with the environment torchrun gives its workers and the store its agent
+holds: a real gloo group, without the 5 CPU seconds of imports per process. A test where the
+launcher itself is under test (torchrun's agent, its restarts and signals, launch checks) passes
+``torchrun=True`` (or ``torchrun_args``) and gets ``python -m torch.distributed.run`` on loopback
+(:func:`launcher` builds that command: plain ``python`` for one process).
+
+A worker group is started with a timeout, with every file it writes (results, logs, temporary
+files) under a pytest temporary folder. Each rank writes ``rank{RANK}.json`` to the output folder
+it is given; :func:`launch_workers` returns them by rank. When something goes wrong the assertion
+message holds the whole output of the group, so a failure in CI can be read without a rerun. The
+environment of every launched process is :func:`tests.helpers.subprocess_env`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
 
 WORKERS_DIR = Path(__file__).parent / "distributed" / "workers"
@@ -86,13 +93,12 @@ class RunningGroup:
         timeout_s: float,
         expect_success: bool,
         torchrun_args: tuple[str, ...] = (),
+        torchrun: bool = False,
     ) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = out_dir / "tmp"
         tmp_dir.mkdir(exist_ok=True)
         script_path = str(WORKERS_DIR / script)
-        command = [*launcher(nproc), *torchrun_args, script_path]
-        self.command = [*command, "--out", str(out_dir), *args]
         self.out_dir, self.nproc, self.timeout_s, self.expect_success = (
             out_dir,
             nproc,
@@ -100,6 +106,17 @@ class RunningGroup:
             expect_success,
         )
         self.start = time.monotonic()
+        self.forked: forked.ForkedLaunch | None = None
+        if not (torchrun or torchrun_args):
+            argv = ["--out", str(out_dir), *args]
+            env = subprocess_env(tmp_dir)
+            self.forked = forked.start(
+                script_path, argv, nproc=nproc, env=env, cwd=out_dir, log=tmp_dir / "output.log"
+            )
+            self.command = self.forked.args
+            return
+        command = [*launcher(nproc), *torchrun_args, script_path]
+        self.command = [*command, "--out", str(out_dir), *args]
         self.process = subprocess.Popen(
             self.command,
             cwd=out_dir,
@@ -123,19 +140,35 @@ class RunningGroup:
             except subprocess.TimeoutExpired:
                 return "(no output: the workers kept the pipe open after SIGKILL)"
 
-    def wait(self) -> WorkerRun:
+    def running(self) -> bool:
+        """True while a process of the group has not ended."""
+        return (self.forked or self.process).poll() is None
+
+    def _communicate(self) -> tuple[int | None, str]:
+        """Waits for the group to end: (its exit code, or None on a timeout after killing it; its output)."""
+        if self.forked is not None:
+            try:
+                return self.forked.wait(
+                    max(1.0, self.timeout_s - (time.monotonic() - self.start))
+                ), self.forked.output()
+            except subprocess.TimeoutExpired:
+                self.forked.kill_and_wait()
+                return None, self.forked.output()
         remaining = max(1.0, self.timeout_s - (time.monotonic() - self.start))
         try:
             output, _ = self.process.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
-            output = self._stop()
+            return None, self._stop()
+        return self.process.returncode, output
+
+    def wait(self) -> WorkerRun:
+        returncode, output = self._communicate()
+        if returncode is None:
             run = WorkerRun(self.command, -9, output, time.monotonic() - self.start, self.out_dir)
             pytest.fail(
                 f"The worker group did not finish within {self.timeout_s:.0f} s (a hang?).\n{run.describe()}"
             )
-        run = WorkerRun(
-            self.command, self.process.returncode, output, time.monotonic() - self.start, self.out_dir
-        )
+        run = WorkerRun(self.command, returncode, output, time.monotonic() - self.start, self.out_dir)
         run.results = [_read_json(self.out_dir / f"rank{rank}.json") for rank in range(self.nproc)]
         every_rank_finished = all(result is not None for result in run.results)
         if finished_but_aborted_at_teardown(run.returncode, output, every_rank_finished):
@@ -156,15 +189,17 @@ def start_workers(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     expect_success: bool = True,
     torchrun_args: tuple[str, ...] = (),
+    torchrun: bool = False,
 ) -> RunningGroup:
-    """Start ``workers/<script>`` in ``nproc`` processes (torchrun), or as plain ``python`` if 1.
+    """Start ``workers/<script>`` in ``nproc`` processes, forked (see the module's text), or with
+    ``torchrun`` (as plain ``python`` if 1) when ``torchrun`` or ``torchrun_args`` is given.
 
     The script is called as ``script --out OUT_DIR *args``. On a timeout the whole process
     group is killed and the test fails with the output seen so far. With ``expect_success``
     the run must exit 0 and every rank must have written its result file. ``torchrun_args``
     (e.g. ``("--max-restarts", "3")``) go to torchrun, before the script.
     """
-    return RunningGroup(script, out_dir, args, nproc, timeout_s, expect_success, torchrun_args)
+    return RunningGroup(script, out_dir, args, nproc, timeout_s, expect_success, torchrun_args, torchrun)
 
 
 def launch_workers(script: str, out_dir: Path, *args: str, **kwargs: Any) -> WorkerRun:

@@ -1,6 +1,8 @@
 """The scripts of ``scripts/`` use the API exactly as 0.1.61's docs and examples do; each runs
-unchanged in a subprocess on one process, and those where the number of
-processes matters (metrics, padded gather) also on 2 processes (torchrun, a CPU gloo group).
+unchanged in a process of its own on one process, and those where the number of
+processes matters (metrics, padded gather) also on 2 processes (a CPU gloo group launched as
+torchrun launches it). The processes are forked from the suite's one interpreter that has imported
+torch (:mod:`tests.forked`), each a fresh process running the script as ``__main__``.
 
 Each script checks its own results (exit code 0) and prints a ``COMPAT OK <name> ...`` line last
 on the world's process zero.
@@ -8,13 +10,12 @@ on the world's process zero.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import finished_but_aborted_at_teardown, subprocess_env
-from tests.launch import launcher
+from tests import forked
+from tests.helpers import subprocess_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TIMEOUT_S = 120
@@ -35,16 +36,14 @@ NEEDS = {"timm_mixup_ema.py": "timm", "transformers_classifier.py": "transformer
 
 
 def run_script(script: str, tmp_path: Path, nproc: int) -> str:
-    command = [*launcher(nproc), str(SCRIPTS / script)]
-    result = subprocess.run(
-        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+    result = forked.run(
+        SCRIPTS / script, nproc=nproc, cwd=tmp_path, env=subprocess_env(tmp_path), timeout=TIMEOUT_S
     )
     output = result.stdout + result.stderr
     succeeded = f"COMPAT OK {ONE_PROCESS[script]}" in output
-    returncode = (
-        0 if finished_but_aborted_at_teardown(result.returncode, output, succeeded) else result.returncode
+    assert result.returncode == 0 and succeeded, (
+        f"{' '.join(result.args)} exited with {result.returncode}:\n{output}"
     )
-    assert returncode == 0 and succeeded, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
     return output
 
 

@@ -21,10 +21,11 @@ def test_sigterm_to_the_agent_saves_the_state_and_torchrun_exits_1(tmp_path: Pat
         "--save-dir", str(tmp_path / "states"),
         "--pause-at-step", "5",
         expect_success=False,
+        torchrun=True,  # the launcher is under test
     )  # fmt: skip
     deadline = time.monotonic() + DEFAULT_TIMEOUT_S
     while not (tmp_path / "run" / "paused").exists():
-        if group.process.poll() is not None or time.monotonic() > deadline:
+        if not group.running() or time.monotonic() > deadline:
             pytest.fail(f"The run ended or hung before pausing.\n{group.wait().describe()}")
         time.sleep(0.05)
     os.kill(group.process.pid, signal.SIGTERM)  # the agent: torchrun's own process

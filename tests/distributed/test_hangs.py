@@ -20,7 +20,7 @@ TIMEOUT_S = 2  # PT_ACC_COLLECTIVE_TIMEOUT in these runs
 
 
 def test_a_signal_on_one_rank_stops_both_at_the_same_point_and_saves_once(tmp_path: Path) -> None:
-    run = launch_workers("hangs.py", tmp_path, "--mode", "signal")
+    run = launch_workers("hangs.py", tmp_path, "--mode", "signal", torchrun=True)
     for name, step, eval_losses in (("evaluation", 8, []), ("training", 3, [])):
         ranks = [result[name] for result in run.results]
         assert [r["global_step"] for r in ranks] == [step, step], name
@@ -36,7 +36,7 @@ def test_a_rank_whose_peer_died_exits_within_seconds_of_torchruns_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PT_ACC_SIGNAL_GRACE", str(GRACE_S))
-    run = launch_workers("hangs.py", tmp_path, "--mode", "peer_dies", expect_success=False)
+    run = launch_workers("hangs.py", tmp_path, "--mode", "peer_dies", expect_success=False, torchrun=True)
     ended_at = time.time()
     died_at = float((tmp_path / "died_at").read_text())
     assert run.returncode != 0
@@ -61,7 +61,9 @@ def test_a_collective_the_other_rank_never_reaches_fails_after_the_timeout_namin
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, where: str
 ) -> None:
     monkeypatch.setenv("PT_ACC_COLLECTIVE_TIMEOUT", str(TIMEOUT_S))
-    run = launch_workers("hangs.py", tmp_path, "--mode", mode, expect_success=False, timeout_s=60)
+    run = launch_workers(
+        "hangs.py", tmp_path, "--mode", mode, expect_success=False, timeout_s=60, torchrun=True
+    )
     assert run.returncode != 0
     # raise_in_train: rank 0 starts 2.5 timeouts late, and the group must still form (it failed
     # with torch's DistStoreError at formation when the timeout applied there too).
@@ -89,7 +91,7 @@ def test_a_rank_sleeping_in_a_callback_is_reported_as_late_not_as_failed(
 ) -> None:
     monkeypatch.setenv("PT_ACC_COLLECTIVE_TIMEOUT", str(TIMEOUT_S))
     run = launch_workers(
-        "hangs.py", tmp_path, "--mode", "sleep_in_callback", expect_success=False, timeout_s=60
+        "hangs.py", tmp_path, "--mode", "sleep_in_callback", expect_success=False, timeout_s=60, torchrun=True
     )
     waiting, sleeping = run.results
     assert run.returncode != 0 and waiting is not None, run.describe()

@@ -26,6 +26,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
             nproc=2,
             timeout_s=TIMEOUT_S * 2,
             expect_success=mode == "fixed",
+            torchrun=True,  # the launch check is under test
         )
         for mode in ("override", "fixed")
     }

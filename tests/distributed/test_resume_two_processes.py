@@ -35,7 +35,7 @@ def send_sigterm_to_both_once_paused(group: RunningGroup) -> None:
     pid_files = [group.out_dir / f"pid{rank}" for rank in (0, 1)]
     deadline = time.monotonic() + DEFAULT_TIMEOUT_S
     while not ((group.out_dir / "paused").exists() and all(path.exists() for path in pid_files)):
-        if group.process.poll() is not None or time.monotonic() > deadline:
+        if not group.running() or time.monotonic() > deadline:
             run = group.wait()
             pytest.fail(
                 f"The run ended or hung before rank 0 paused at step {PAUSE_AT_STEP}.\n{run.describe()}"

@@ -1,6 +1,6 @@
 """``examples/train_transformers_classifier.py``: a config-built BERT classifier with its own loss,
 dict batches and ``num_items_in_batch`` under gradient accumulation, on 1 process and on 2
-(torchrun, marked ``distributed``), with tiny settings (a few seconds each).
+(a gloo group forked as :mod:`tests.forked` launches one, marked ``distributed``), with tiny settings (a few seconds each).
 
 The accuracy floors leave a wide margin below what the settings reach (noted beside each).
 """
@@ -9,35 +9,27 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT, finished_but_aborted_at_teardown, subprocess_env
-from tests.launch import launcher
+from tests import forked
+from tests.helpers import REPO_ROOT, subprocess_env
 
 SCRIPT = REPO_ROOT / "examples" / "train_transformers_classifier.py"
 TINY = ["--train-samples", "512", "--eval-samples", "128", "--batch-size", "16", "--accumulation", "2"]
 
 
 def _run(tmp_path: Path, nproc: int, epochs: int) -> re.Match[str]:
-    command = [*launcher(nproc), str(SCRIPT), *TINY, "--epochs", str(epochs)]
-    result = subprocess.run(
-        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
-    )
-    output = result.stdout + result.stderr
+    args = [*TINY, "--epochs", str(epochs)]
+    result = forked.run(SCRIPT, args, nproc=nproc, cwd=tmp_path, env=subprocess_env(tmp_path), timeout=120)
+    command, output = result.args, result.stdout + result.stderr
     final = re.search(
         r"^FINAL processes=(\d+) eval_loss=([0-9.]+) eval_accuracy=([0-9.]+)$", output, re.MULTILINE
     )
-    returncode = (
-        0
-        if finished_but_aborted_at_teardown(result.returncode, output, final is not None)
-        else result.returncode
-    )
-    assert returncode == 0 and final is not None, (
+    assert result.returncode == 0 and final is not None, (
         f"{' '.join(command)} exited with {result.returncode}:\n{output}"
     )
     losses = [float(v) for v in re.search(r"^TRAIN_LOSSES=(.*)$", output, re.MULTILINE).group(1).split()]

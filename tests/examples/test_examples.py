@@ -1,4 +1,5 @@
-"""End-to-end runs of examples/train_digits.py: one process, and a real 2-process torchrun group.
+"""End-to-end runs of examples/train_digits.py: one process, and a real 2-process torchrun group
+launched as the README says (every rank must exit 0).
 
 Each run writes into a pytest temporary folder; the test reads the accuracy from the run's last
 line (``FINAL test_accuracy=...``), then checks that the checkpoint loads safely into a fresh
@@ -12,7 +13,6 @@ import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests import forked
 from tests.helpers import REPO_ROOT, finished_but_aborted_at_teardown, subprocess_env
 from tests.launch import launcher
 
@@ -28,10 +29,20 @@ TIMEOUT_S = 120
 SEED = 42
 
 
-def _run_example(launcher: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[str, Path]:
+def _run_example(nproc: int, tmp_path: Path, *, torchrun: bool = False) -> tuple[str, Path]:
+    """Runs the example as ``python`` (forked, :mod:`tests.forked`) or, with ``torchrun``, as the README
+    launches it on 2 processes (every rank must exit 0)."""
     out_dir = tmp_path / "outputs"
-    command = [*launcher, str(EXAMPLE), "--output-dir", str(out_dir), "--seed", str(SEED)]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    args = [str(EXAMPLE), "--output-dir", str(out_dir), "--seed", str(SEED)]
+    env = subprocess_env(tmp_path)
+    if torchrun:
+        command = [*launcher(nproc), *args]
+        result = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    else:
+        result = forked.run(args[0], args[1:], nproc=nproc, cwd=tmp_path, env=env, timeout=TIMEOUT_S)
+        command = result.args
     output = result.stdout + result.stderr
     finished = "FINAL test_accuracy=" in output
     ok = result.returncode == 0 or finished_but_aborted_at_teardown(result.returncode, output, finished)
@@ -79,7 +90,7 @@ def _assert_outputs_hold_the_trained_model(out_dir: Path, accuracy: float, examp
 
 
 def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot(tmp_path, example):
-    output, out_dir = _run_example([sys.executable], tmp_path, subprocess_env(tmp_path))
+    output, out_dir = _run_example(1, tmp_path)
 
     assert "num_processes=1" in output
     accuracy = _final_accuracy(output)
@@ -89,7 +100,7 @@ def test_example_reaches_95_percent_on_one_process_and_saves_checkpoint_and_plot
 
 @pytest.mark.distributed
 def test_example_reaches_95_percent_on_two_torchrun_processes(tmp_path, example):
-    output, out_dir = _run_example(launcher(2), tmp_path, subprocess_env(tmp_path))
+    output, out_dir = _run_example(2, tmp_path, torchrun=True)
 
     assert "num_processes=2" in output, output
     accuracy = _final_accuracy(output)

@@ -1,4 +1,5 @@
-"""End-to-end runs of the examples of the opt-in batteries, each a subprocess on one CPU process.
+"""End-to-end runs of the examples of the opt-in batteries, each in a process of its own on one CPU
+(forked from the suite's one interpreter that has imported torch: :mod:`tests.forked`).
 
 - ``finetune_timm_gradual_unfreezing.py``: ``ModelFreezer`` stages on a timm ResNet;
 - ``train_cosine_ema.py``: ``CosineLrScheduler`` with warm-up and ``ModelEmaCallback``;
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from tests import forked
 from tests.helpers import REPO_ROOT, subprocess_env
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -29,12 +29,11 @@ TIMEOUT_S = 180
 
 
 def _run(script: str, args: list[str], tmp_path: Path) -> str:
-    command = [sys.executable, str(EXAMPLES / script), *args]
-    result = subprocess.run(
-        command, cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S
+    result = forked.run(
+        EXAMPLES / script, args, cwd=tmp_path, env=subprocess_env(tmp_path), timeout=TIMEOUT_S
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
+    assert result.returncode == 0, f"{' '.join(result.args)} exited with {result.returncode}:\n{output}"
     return output
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.schedulers import CosineLrScheduler
+from tests import forked
 from tests.helpers import assert_equal_nested, make_regression_data, subprocess_env
 from tests.launch import WORKERS_DIR
 
@@ -123,15 +123,8 @@ def test_asynchronous_must_be_a_bool() -> None:
 
 def run_worker(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "tmp").mkdir()
-    command = [sys.executable, str(WORKER), "--out", str(tmp_path), "--mode", mode]
-    return subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=subprocess_env(tmp_path / "tmp"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["--out", str(tmp_path), "--mode", mode]
+    return forked.run(WORKER, args, cwd=tmp_path, env=subprocess_env(tmp_path / "tmp"), timeout=120)
 
 
 def test_sigkill_during_the_background_write_leaves_the_previous_state_and_no_published_partial_one(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainin
 from pytorch_accelerated.checkpoints.auto_resume import AutoResume, decide
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from tests import forked
 from tests.helpers import make_regression_data, make_trainer, subprocess_env, weights
-from tests.launch import WORKERS_DIR, launcher
+from tests.launch import WORKERS_DIR
 
 DATA = make_regression_data(32)  # 4 updates per epoch in batches of 8
 TIMEOUT_S = 120
@@ -196,7 +196,7 @@ def test_machines_that_see_different_states_resume_the_newest_they_all_have() ->
 
 
 def test_a_process_killed_by_sigkill_is_relaunched_by_the_same_command_past_its_lock(tmp_path: Path) -> None:
-    folder, command = tmp_path / "states", [*launcher(1), str(WORKERS_DIR / "auto_resume.py")]
+    folder, script = tmp_path / "states", WORKERS_DIR / "auto_resume.py"
     results: list[Any] = []
     for name, args in (
         ("uninterrupted", ["--save-dir", str(tmp_path / "plain")]),
@@ -205,13 +205,8 @@ def test_a_process_killed_by_sigkill_is_relaunched_by_the_same_command_past_its_
     ):
         out = tmp_path / name
         out.mkdir()
-        done = subprocess.run(
-            [*command, "--out", str(out), *args],
-            env=subprocess_env(out),
-            cwd=out,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
+        done = forked.run(
+            script, ["--out", str(out), *args], env=subprocess_env(out), cwd=out, timeout=TIMEOUT_S
         )
         results.append((done, json.loads((out / "rank0.json").read_text()) if name != "killed" else None))
     (_, plain), (killed, _), (relaunched, resumed) = results

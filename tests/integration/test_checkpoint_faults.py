@@ -14,8 +14,6 @@ import functools
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
+from tests import forked
 from tests.helpers import (
     assert_equal_nested,
     make_linear_model,
@@ -58,11 +57,8 @@ def save_faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     """One process: a first state saved, then each case of workers/save_faults.py."""
     out = tmp_path_factory.mktemp("save_faults")
     (out / "tmp").mkdir()
-    command = [sys.executable, str(SAVE_FAULTS_WORKER), "--out", str(out)]
-    command += ["--cases", "fsize,parent_is_file,interrupt,checkpoint_fsize"]
-    finished = subprocess.run(
-        command, cwd=out, env=subprocess_env(out / "tmp"), capture_output=True, text=True, timeout=120
-    )
+    args = ["--out", str(out), "--cases", "fsize,parent_is_file,interrupt,checkpoint_fsize"]
+    finished = forked.run(SAVE_FAULTS_WORKER, args, cwd=out, env=subprocess_env(out / "tmp"), timeout=120)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     return out, json.loads((out / "rank0.json").read_text())
 

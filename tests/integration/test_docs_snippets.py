@@ -5,8 +5,9 @@ before its opening fence is the HTML comment ``<!-- illustrative -->`` (invisibl
 site). Every other ```python block is runnable. Blocks of other languages (bash, yaml, text)
 are never run.
 
-The runnable blocks of one page run in order, as one script, in a fresh interpreter
-(``python -c``) in a temporary directory, offline (``HF_HUB_OFFLINE=1``), on one CPU process: a
+The runnable blocks of one page run in order, as one script, in a fresh process and namespace
+(forked from the suite's one interpreter that has imported torch: :mod:`tests.forked`) in a
+temporary directory, offline (``HF_HUB_OFFLINE=1``), on one CPU process: a
 block may use names defined by the blocks before it on the same page. Keep runnable blocks
 small (a few epochs on the scikit-learn digits); mark long trainings, multi-process launches
 and GPU-only settings illustrative.
@@ -18,12 +19,11 @@ from __future__ import annotations
 
 import importlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.helpers import REPO_ROOT, subprocess_env
 
 ILLUSTRATIVE = "<!-- illustrative -->"
@@ -79,9 +79,7 @@ def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
     assert script is not None
     env = subprocess_env(tmp_path)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"})
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = forked.run_code(script, cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, (
         f"a runnable ```python block of {page.relative_to(REPO_ROOT)} failed (mark it illustrative with "
         f"{ILLUSTRATIVE!r} on the line before its fence if it is not meant to run):\n{result.stderr[-4000:]}"

@@ -1,5 +1,6 @@
-"""Runs that need an interpreter of their own: importing the package in a fresh one, a real
-``accelerate launch --mixed_precision bf16``, the CPU dry run of the prepared GPU checks."""
+"""Runs in a process of their own: importing the package in a fresh interpreter, a real
+``accelerate launch --mixed_precision bf16`` (both started as new interpreters), and the CPU dry run
+of the prepared GPU checks (forked: :mod:`tests.forked`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests import forked
 from tests.helpers import REPO_ROOT, subprocess_env
 
 
@@ -69,16 +71,9 @@ def test_accelerate_launch_mixed_precision_bf16_reaches_the_trainer(tmp_path: Pa
 
 def test_the_prepared_gpu_check_of_skipped_updates_passes_as_a_cpu_dry_run(tmp_path: Path) -> None:
     # benchmarks/gpu_checks.py runs on a lent GPU; here its logic runs on the CPU, so it does not rot.
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "benchmarks" / "gpu_checks.py"),
-        "--cpu-dry-run",
-        "--only",
-        "fp16_overflow_skip_advances_no_counter",
-    ]
-    result = subprocess.run(
-        command, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120
-    )
+    args = ["--cpu-dry-run", "--only", "fp16_overflow_skip_advances_no_counter"]
+    script = REPO_ROOT / "benchmarks" / "gpu_checks.py"
+    result = forked.run(script, args, env=subprocess_env(tmp_path), cwd=tmp_path, timeout=120)
     assert result.returncode == 0 and "GPU_CHECKS passed=1 failed=0" in result.stdout, (
         result.stdout + result.stderr
     )

@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from tests import forked
 from tests.helpers import subprocess_env
 
 WORKER = Path(__file__).parent / "workers" / "one_run_worker.py"
@@ -31,17 +30,14 @@ GONE_PID = 2**22 + 7  # above Linux's largest process id: no such process
 TIMEOUT_S = 300
 
 
-def start(out: Path, *args: str) -> subprocess.Popen:
+def start(out: Path, *args: str) -> forked.ForkedLaunch:
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / f"worker_{'_'.join(args[:3])}.log", "w")  # noqa: SIM115 (closed with the process)
-    command = [sys.executable, str(WORKER), *args, "--out", str(out)]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(out), cwd=out)
+    log = out / f"worker_{'_'.join(args[:3])}.log"
+    return forked.start(WORKER, [*args, "--out", str(out)], env=subprocess_env(out), cwd=out, log=log)
 
 
-def finish(process: subprocess.Popen, out: Path) -> int:
-    code = process.wait(timeout=TIMEOUT_S)
-    process.stdout and process.stdout.close()
-    return code
+def finish(process: forked.ForkedLaunch, out: Path) -> int:
+    return process.wait(timeout=TIMEOUT_S)
 
 
 def logs(out: Path) -> str:

@@ -15,7 +15,6 @@ import pty
 import re
 import select
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -35,14 +34,13 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
 )
 from pytorch_accelerated.callbacks.defaults import format_metric_value
+from tests import forked
 from tests.helpers import (
-    finished_but_aborted_at_teardown,
     make_linear_model,
     make_regression_data,
     subprocess_env,
 )
 from tests.integration.workers.progress_worker import CALLBACK_LINE
-from tests.launch import launcher
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 METRIC_LINE = re.compile(r"^(train_loss_epoch|eval_loss_epoch|accuracy): (\S+)$")
@@ -65,31 +63,27 @@ def assert_one_precision(lines: list[str]) -> None:
     assert len(values) >= 8 and all(value == f"{float(value):.6g}" for value in values), values
 
 
-def run_under_pty(command: list[str], env: dict[str, str], timeout_s: float = 60.0) -> str:
-    """Run ``command`` with a 200-column pseudo-terminal as its stdin, stdout and stderr."""
+def run_under_pty(script: str, env: dict[str, str], cwd: Path, timeout_s: float = 60.0) -> str:
+    """Run ``script`` (forked: :mod:`tests.forked`) with a 200-column pseudo-terminal as its stdin,
+    stdout and stderr."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    process = subprocess.Popen(command, stdin=follower, stdout=follower, stderr=follower, env=env)
-    os.close(follower)
+    process = forked.start(script, env=env, cwd=cwd, terminal=os.ttyname(follower))
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout_s
-    try:
+    try:  # (this end of the terminal stays open until the process has ended: it opens the device by name)
         while time.monotonic() < deadline:
-            if not select.select([leader], [], [], 1.0)[0]:
-                continue
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: every writer of the terminal has exited and all was read
+            if select.select([leader], [], [], 0.2)[0]:
+                chunks.append(os.read(leader, 65536))
+            elif process.poll() is not None:  # ended, and everything it wrote was read
                 break
-            if not chunk:
-                break
-            chunks.append(chunk)
         else:
             process.kill()
             pytest.fail(
                 f"The run under a terminal did not finish in {timeout_s} s:\n{b''.join(chunks).decode()}"
             )
     finally:
+        os.close(follower)
         os.close(leader)
         process.wait(timeout=30)
     output = b"".join(chunks).decode()
@@ -146,9 +140,7 @@ def test_format_metric_value_shows_every_type_at_one_precision(value: Any, shown
 
 
 def test_piped_output_has_no_bar_one_summary_line_per_epoch_and_one_precision(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, WORKER], env=worker_env(tmp_path), capture_output=True, text=True, timeout=120
-    )
+    done = forked.run(WORKER, env=worker_env(tmp_path), cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "\r" not in done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -163,7 +155,7 @@ def test_piped_output_has_no_bar_one_summary_line_per_epoch_and_one_precision(tm
 
 
 def test_terminal_shows_bars_with_true_final_states_and_prints_above_them(tmp_path: Path) -> None:
-    output = run_under_pty([sys.executable, WORKER], worker_env(tmp_path))
+    output = run_under_pty(WORKER, worker_env(tmp_path), tmp_path)
     screen = render(output)
     for epoch in (1, 2):  # each epoch's bar stays on the screen in its final state
         final = rf"^epoch {epoch}/2: 100%\|.*\| 11/11 \[.*, step={11 * epoch}, loss=\S+, lr=0\.01, samples/s=\d+\]$"
@@ -175,11 +167,11 @@ def test_terminal_shows_bars_with_true_final_states_and_prints_above_them(tmp_pa
 
 @pytest.mark.distributed  # 2 processes: not in the quick tier
 def test_two_processes_print_one_set_of_progress_lines_with_true_final_states(tmp_path: Path) -> None:
-    command = [*launcher(2), WORKER, "--samples", "88"]
-    done = subprocess.run(command, env=worker_env(tmp_path), capture_output=True, text=True, timeout=120)
+    done = forked.run(
+        WORKER, ["--samples", "88"], nproc=2, env=worker_env(tmp_path), cwd=tmp_path, timeout=120
+    )
     output = done.stdout + done.stderr
-    finished = "FINISHED rank 0" in output and "FINISHED rank 1" in output
-    assert done.returncode == 0 or finished_but_aborted_at_teardown(done.returncode, output, finished), output
+    assert done.returncode == 0 and "FINISHED rank 0" in output and "FINISHED rank 1" in output, output
     lines = done.stdout.splitlines()
     summaries = [line for line in lines if line.startswith("epoch ")]
     assert len(summaries) == 2, output  # from one process of the machine, not from each

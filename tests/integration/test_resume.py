@@ -27,6 +27,7 @@ import torch
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
+from tests import forked
 from tests.helpers import (
     EventRecorder,
     as_version_1,
@@ -35,7 +36,6 @@ from tests.helpers import (
     subprocess_env,
 )
 from tests.integration.workers import resume_worker as rw
-from tests.launch import launcher
 
 WORKER = Path(rw.__file__).resolve()
 TIMEOUT_S = 120.0
@@ -64,23 +64,28 @@ def state(states_dir: Path, step: int) -> Path:
 
 
 class Worker:
-    """``tests/integration/workers/resume_worker.py`` in its own process group, its output in a log file."""
+    """``tests/integration/workers/resume_worker.py`` in a session of its own (so a kill reaches its
+    data-loader workers too), forked (:mod:`tests.forked`), its output in a log file."""
 
     def __init__(self, out: Path, *args: str, nproc: int = 1) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         self.log_path = out / "worker.log"
-        env = subprocess_env(out)
-        self.command = [*launcher(nproc), str(WORKER), "--out", str(out), *args]
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
-            )
+        self.process = forked.start(
+            WORKER,
+            ["--out", str(out), *args],
+            nproc=nproc,
+            env=subprocess_env(out),
+            cwd=out,
+            log=self.log_path,
+            new_session=True,
+        )
+        self.command = self.process.args
         self.deadline = time.monotonic() + TIMEOUT_S
 
     @property
     def output(self) -> str:
-        return self.log_path.read_text()
+        return self.process.output()
 
     def describe(self) -> str:
         return f"command: {' '.join(self.command)}\nexit code: {self.process.poll()}\n--- output ---\n{self.output}"
@@ -98,8 +103,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the run and any data-loader workers)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.kill()
         self.process.wait(timeout=30)
 
     def wait(self) -> int:

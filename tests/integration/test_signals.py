@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.helpers import (
     subprocess_env,
 )
@@ -33,12 +32,10 @@ TIMEOUT_S = 120.0
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Start the worker with every scenario, send each signal when its ready file appears."""
     out = tmp_path_factory.mktemp("signals")
-    command = [sys.executable, str(WORKER), "--out", str(out), *sw.SCENARIOS]
     log_path = out / "worker.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(out), cwd=out
-        )
+    process = forked.start(
+        WORKER, ["--out", str(out), *sw.SCENARIOS], env=subprocess_env(out), cwd=out, log=log_path
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         for name, (signum, *_) in sw.SCENARIOS.items():
@@ -185,12 +182,8 @@ def test_sigterm_after_a_failed_run_terminates_the_process(tmp_path: Path) -> No
     # so the process went on ignoring SIGTERM.
     script = tmp_path / "script.py"
     script.write_text(SIGTERM_AFTER_FAILURE)
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "states")],
-        env=subprocess_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = forked.run(
+        script, [str(tmp_path / "states")], env=subprocess_env(tmp_path), cwd=tmp_path, timeout=120
     )
     assert "train() raised" in result.stdout, result.stderr
     assert "SIGTERM was ignored" not in result.stdout

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from pytorch_accelerated.callbacks import (
 )
 from pytorch_accelerated.callbacks.tracker_adapters import wandb_offline_records
 from pytorch_accelerated.schedulers import CosineLrScheduler
+from tests import forked
 from tests.helpers import make_regression_data, subprocess_env
 
 ALL_TRACKERS = ("csv", "tensorboard", "mlflow", "wandb")
@@ -290,8 +290,7 @@ def start_script(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**subprocess_env(out), **QUIET_WANDB}
     for name in ("MLFLOW_TRACKING_URI", "WANDB_SERVICE"):  # the script starts its own W&B service
         env.pop(name, None)
-    command = [sys.executable, __file__, "--out", str(out), *args]
-    return subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    return forked.run(__file__, ["--out", str(out), *args], cwd=out, env=env, timeout=300)
 
 
 @pytest.mark.parametrize(
