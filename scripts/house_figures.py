@@ -1,8 +1,14 @@
 """Figures of the house, read from the source: code lines, who names the Trainer, the import circles
-(typing imports included), module-level containers, the longest modules.
+(typing imports included), module-level containers, every module with its lines, and the figures of
+issue 29 (members of the Trainer bound in from other modules, functions outside ``callbacks/`` that
+take the Trainer, string-keyed argument lookups, places that work out the effective per-device batch
+size, folder listings of one ``resume_from="auto"`` resume, docs pages).
 
     .venv/bin/python scripts/house_figures.py            # this checkout
     .venv/bin/python scripts/house_figures.py /some/checkout
+
+The folder listings are counted by running a small resume with the checkout's package (a process of
+its own, ``PYTHONPATH`` the checkout); the other figures are read from the source.
 
 Code lines are lines that hold code: not blank, not only a comment, not part of a docstring.
 Statements are logical lines (tokenize NEWLINE tokens whose statement does not start on a docstring):
@@ -14,7 +20,12 @@ from __future__ import annotations
 
 import ast
 import io
+import os
+import re
+import subprocess
 import sys
+import tempfile
+import textwrap
 import tokenize
 from pathlib import Path
 
@@ -146,6 +157,141 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def bound_members(source: str) -> list[str]:
+    """Members assigned in ``class Trainer``'s body from a name of another module (``x = module.f``)."""
+    return [
+        ast.unparse(statement)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer"
+        for statement in node.body
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, (ast.Attribute, ast.Name))
+    ]
+
+
+def _trainer_classes(tree: ast.Module) -> set[str]:
+    """The Trainer and the classes of this module derived from it."""
+    names = {"Trainer"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and {ast.unparse(base) for base in node.bases} & names:
+            names.add(node.name)
+    return names
+
+
+def functions_taking_the_trainer(sources: dict[str, str]) -> list[str]:
+    """Functions outside ``callbacks/`` with a parameter annotated as the Trainer (``trainer: Trainer``,
+    ``self: Trainer``), methods of the Trainer and of its subclasses aside."""
+    found = []
+    for name, source in sources.items():
+        if name.startswith("pytorch_accelerated.callbacks"):
+            continue
+        tree = ast.parse(source)
+        classes = _trainer_classes(tree)
+        methods = {
+            id(member)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and node.name in classes
+            for member in node.body
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or id(node) in methods:
+                continue
+            arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            if any(
+                argument.annotation is not None
+                and re.search(r"\bTrainer\b", ast.unparse(argument.annotation))
+                for argument in arguments
+            ):
+                found.append(f"{name}:{node.lineno} {node.name}")
+    return found
+
+
+def string_keyed_lookups(sources: dict[str, str]) -> list[str]:
+    """``arguments["..."]``: a run's arguments read back from a dict by name."""
+    return [
+        f"{name}:{node.lineno} {ast.unparse(node)}"
+        for name, source in sources.items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "arguments"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ]
+
+
+def batch_size_derivations(sources: dict[str, str]) -> list[str]:
+    """Places that work out an effective per-device batch size from loader arguments:
+    ``kwargs.get("batch_size") or default``."""
+    return [
+        f"{name}:{node.lineno} {ast.unparse(node)}"
+        for name, source in sources.items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.BoolOp)
+        and isinstance(node.op, ast.Or)
+        and isinstance(node.values[0], ast.Call)
+        and isinstance(node.values[0].func, ast.Attribute)
+        and node.values[0].func.attr == "get"
+        and [ast.unparse(argument) for argument in node.values[0].args[:1]] == ["'batch_size'"]
+    ]
+
+
+#: Saves a state, then resumes it with ``resume_from="auto"``, counting the listings of the folder.
+AUTO_RESUME_LISTINGS = textwrap.dedent(
+    """
+    import pathlib, sys, torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    from pytorch_accelerated import Trainer
+    from pytorch_accelerated.callbacks import SaveTrainingStateCallback
+
+    folder = pathlib.Path(sys.argv[1])
+    data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+
+    def train(num_epochs, **kwargs):
+        model = nn.Linear(3, 1)
+        saver = SaveTrainingStateCallback(folder, **kwargs)
+        trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=(saver,))
+        trainer.train(data, num_epochs=num_epochs, per_device_batch_size=4, resume_from="auto")
+
+    train(1, save_every_n_epochs=1, save_at_end=False)
+    listings, iterdir = [], pathlib.Path.iterdir
+    def counted(path):
+        if path == folder:
+            listings.append(path)
+        return iterdir(path)
+    pathlib.Path.iterdir = counted
+    train(2, save_at_end=False)  # resumes epoch_1 and saves nothing
+    print(len(listings))
+    """
+)
+
+
+def folder_listings_of_an_auto_resume(root: Path) -> int:
+    """How often one ``train(resume_from="auto")`` lists the folder of states (run with ``root``'s package)."""
+    with tempfile.TemporaryDirectory() as folder:
+        run = subprocess.run(
+            [sys.executable, "-c", AUTO_RESUME_LISTINGS, str(Path(folder) / "states")],
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+    return int(run.stdout.split()[-1])
+
+
+def docs_pages(root: Path) -> tuple[int, int]:
+    """The docs' pages and their lines."""
+    pages = sorted((root / "docs").rglob("*.md"))
+    return len(pages), sum(len(page.read_text().splitlines()) for page in pages)
+
+
+def _listed(title: str, rows: list[str]) -> None:
+    print(f"{title}: {len(rows)}")
+    for row in rows:
+        print(f"  {row}")
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
     package = root / "pytorch_accelerated"
@@ -188,8 +334,21 @@ def main() -> None:
                 target = node.targets[0] if isinstance(node, ast.Assign) else node.target
                 containers.append(f"{name}.{ast.unparse(target)}")
     print(f"module-level containers: {containers}")
-    longest = sorted(((len(source.splitlines()), name) for name, source in sources.items()), reverse=True)[:5]
-    print("longest modules: " + ", ".join(f"{name} {lines}" for lines, name in longest))
+    by_size = sorted(((len(source.splitlines()), name) for name, source in sources.items()), reverse=True)
+    print("longest modules: " + ", ".join(f"{name} {lines}" for lines, name in by_size[:5]))
+    trainer = sources.get(TRAINER, "")
+    _listed("members of the Trainer bound in from other modules", bound_members(trainer))
+    _listed("functions outside callbacks/ that take the Trainer", functions_taking_the_trainer(sources))
+    _listed('string-keyed argument lookups (arguments["..."])', string_keyed_lookups(sources))
+    _listed("places that work out the effective per-device batch size", batch_size_derivations(sources))
+    print(
+        f'listings of the folder of states in one resume_from="auto": {folder_listings_of_an_auto_resume(root)}'
+    )
+    pages, lines = docs_pages(root)
+    print(f"docs: {pages} pages, {lines} lines")
+    print(f"modules with their lines ({len(by_size)}):")
+    for lines, name in by_size:
+        print(f"  {lines:5d} {name}")
 
 
 if __name__ == "__main__":
