@@ -9,7 +9,6 @@ The house, read top-down (each layer imports only the layers below it)::
                         overridable methods, stops and failures), and the Trainer's members that
                         only hand over to a part (evaluate, predict, the set-up defaults, print,
                         gather, save_checkpoint, running_loss, ...), bound in its class body
-    timm_schedulers     TrainerWithTimmScheduler (re-exported by trainer, as in 0.1.61)
     loaders             RunLoaders: the run's data loaders, what they were made with, the seed
     prediction          what predict does: outputs of every sample, in data-set order, exactly
                         once across processes

@@ -583,4 +583,21 @@ class Trainer:
     load_training_state = runs.load_training_state
 
 
-from .timm_schedulers import TrainerWithTimmScheduler  # noqa: E402 (a subclass of the Trainer above)
+class TrainerWithTimmScheduler(Trainer):
+    """A Trainer for timm schedulers, which are stepped per update and per epoch.
+
+    timm schedulers take the number of the update or epoch that comes next:
+    ``step_update(num_updates)`` after each optimizer update and ``step(epoch)`` after each
+    epoch (with the evaluation loss, when there is one, as the metric).
+    """
+
+    def scheduler_step(self) -> None:
+        self.scheduler.step_update(num_updates=self.progress.global_step + 1)
+
+    def training_run_epoch_end(self) -> None:
+        if self.scheduler is None:
+            return
+        metric = None
+        if self.loaders.eval is not None:  # this run evaluated: its loss is the metric
+            metric = self.run_history.get_latest_metric("eval_loss_epoch")
+        self.scheduler.step(epoch=self.progress.epoch + 1, metric=metric)

@@ -34,7 +34,6 @@ TRAINER = "pytorch_accelerated.trainer"
 NAME_THE_TRAINER_BY_DESIGN = {
     "pytorch_accelerated",
     "pytorch_accelerated.runs",
-    "pytorch_accelerated.timm_schedulers",
 }
 
 
@@ -310,7 +309,7 @@ def main() -> None:
         print(f"import circle of {len(component)} modules (typing imports included): {', '.join(component)}")
     print(
         f"import circles without the edges back to the trainer from its observers (callbacks), "
-        f"its adapter (runs) and its subclass (timm_schedulers): "
+        f"and its adapter (runs): "
         f"{circles(without_edges_back_to_the_trainer(graph))}"
     )
     containers = []
