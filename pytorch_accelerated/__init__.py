@@ -2,13 +2,10 @@
 
 The house, read top-down (each layer imports only the layers below it)::
 
-    trainer             Trainer: train / evaluate and the loop, one method per ML step; it holds
-                        its parts: loaders, state_store (checkpoints/store), the preparation record
-    runs                the one adapter that takes the Trainer, besides the callbacks: what
-                        happens before and around a run (set-up through the Trainer's
-                        overridable methods, stops and failures), and the Trainer's members that
-                        only hand over to a part (evaluate, predict, the set-up defaults, print,
-                        gather, save_checkpoint, running_loss, ...), bound in its class body
+    trainer             Trainer: every member in its class (train / evaluate / predict, how a run
+                        starts and ends, the loop, one method per ML step, the process utilities,
+                        the checkpoint methods); it holds its parts: loaders, state_store
+                        (checkpoints/store), the preparation record; TrainerWithTimmScheduler
     loaders             RunLoaders: the run's data loaders, what they were made with, the seed
     prediction          what predict does: outputs of every sample, in data-set order, exactly
                         once across processes

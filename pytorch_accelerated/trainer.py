@@ -1,31 +1,47 @@
 """The Trainer: ``train`` -> ``_run_training`` -> ``_run_train_epoch`` -> one method per ML step.
 
-Methods without a prefix are meant to be overridden; each is followed by the callback event of the
-same name with ``on_`` in front (docs/inside-the-trainer.md, pinned by tests/unit/test_event_order.py).
-The Trainer holds its parts as objects (``loaders``, ``state_store``, what was prepared). The methods
-that only hand over to a part are functions and properties of :mod:`.runs`, bound here.
+Every member of the Trainer is written in its class, which reads as the table of contents of the
+library: the entry points, what a run is made of (overridable factories), how a run starts and ends,
+the loop, the steps, the process utilities and the checkpoint methods. It holds its parts as objects
+(``loaders``, ``state_store``, what was prepared); a member that hands its work to a part is a few
+lines. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
+from accelerate.utils import broadcast_object_list
 from torch import nn
+from torch.utils.data import DataLoader
 
-from . import prediction, runs
+from . import prediction
+from ._internal import distributed
 from ._internal.accelerator_checks import check_accelerator
-from ._internal.accumulation import accumulation_windows
+from ._internal.accumulation import WindowWeighting, accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
-from ._internal.distributed import mean_over_processes
+from ._internal.distributed import mean_over_processes, print_once_per_node
+from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
 from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
-from ._internal.validation import check_batch_output, check_callbacks, check_trainer_arguments
+from ._internal.validation import (
+    check_batch_output,
+    check_callbacks,
+    check_epoch_has_batches,
+    check_evaluate_arguments,
+    check_something_left_to_train,
+    check_train_arguments,
+    check_trainer_arguments,
+    check_whole_number,
+)
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,
     CallbackHandler,
@@ -34,11 +50,17 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     MoveModulesToDeviceCallback,
     PrintProgressCallback,
     ProgressBarCallback,
+    StopTrainingError,
     TerminateOnNaNCallback,
     TrainerCallback,
 )
 from .callbacks.limits import limit_batches_callback_from_env
+from .callbacks.training_state import auto_resume_folder
+from .checkpoints import model_files
+from .checkpoints.auto_resume import AUTO, AutoResume
+from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.store import TrainingStateStore
+from .checkpoints.training_objects import TrainingObjects
 from .data import (
     batches_per_epoch,
     check_same_data_on_every_process,
@@ -60,6 +82,16 @@ __all__ = [  # the last eight: 0.1.61 also exported them from this module
     "remove_padding", "worker_init_fn",
 ]
 # fmt: on
+
+#: The arguments of ``train()`` that the run config records.
+RUN_SETTINGS = (
+    "num_epochs",
+    "per_device_batch_size",
+    "max_num_train_steps",
+    "gradient_accumulation_steps",
+    "gradient_clip_value",
+    "max_grad_norm",
+)
 
 
 class Trainer:
@@ -116,7 +148,7 @@ class Trainer:
         self.run_config: TrainerRunConfig | None = None
         self.progress, self.run_state = RunProgress(), RunState()
         self.last_grad_norm: torch.Tensor | None = None
-        runs.run_end_event(self, "on_init_end")
+        self._run_end_event("on_init_end")
 
     def _create_accelerator(self) -> Accelerator:
         """Create the ``accelerate.Accelerator``; override to set mixed precision, plugins, etc."""
@@ -164,16 +196,238 @@ class Trainer:
         3
         """
         arguments = {name: value for name, value in locals().items() if name != "self"}
-        runs.train(self, arguments)  # checked, set up, then run through _run_training
+        check_train_arguments(self._accelerator, self.model, self.optimizer, arguments)
+        relaunch, body = None, self._run_training
+        if arguments["resume_from"] == AUTO:  # decided now, by every process alike
+            relaunch = AutoResume(self._accelerator, auto_resume_folder(self.callback_handler))
+            arguments = {**arguments, "resume_from": relaunch.choose()}
+            body = functools.partial(self._recording_failures, relaunch)
+        set_up = functools.partial(self._set_up_training, arguments, relaunch)
+        self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
+        if self.run_state.exit_code is not None:  # a signal's stop under torchrun: see its line
+            raise SystemExit(self.run_state.exit_code)
 
-    evaluate = runs.evaluate
+    def evaluate(
+        self,
+        dataset: Any = None,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Callable[..., Any] | None = None,
+        *,
+        seed: int | None = 42,
+    ) -> dict[str, Any]:
+        """Run one evaluation epoch over ``dataset`` (default: the last ``eval_dataset``); return its metrics.
 
-    _create_run_config = runs.create_run_config
-    create_scheduler = runs.create_scheduler
-    get_default_train_dl_kwargs = runs.get_default_train_dl_kwargs
-    get_default_eval_dl_kwargs = runs.get_default_eval_dl_kwargs
-    create_train_dataloader = runs.create_train_dataloader
-    create_eval_dataloader = runs.create_eval_dataloader
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> from pytorch_accelerated import Trainer
+        >>> data = TensorDataset(torch.randn(10, 3), torch.zeros(10, 1))
+        >>> model = nn.Linear(3, 1)
+        >>> _ = nn.init.zeros_(model.weight), nn.init.ones_(model.bias)  # predicts 1 everywhere
+        >>> Trainer(model, nn.MSELoss(), optimizer=None, callbacks=()).evaluate(data)
+        {'evaluation_loss': 1.0}
+        """
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError(
+                "evaluate() needs a dataset: pass evaluate(dataset=...) or train with an eval_dataset."
+            )
+        check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs, collate_fn, seed)
+        history = self.run_history
+        before = history.metric_counts()
+
+        def set_up() -> None:  # everything before the evaluation runs: the data set, its loader, preparation
+            check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
+            self.eval_dataset = dataset
+            if collate_fn is not None:
+                self.collate_fn = collate_fn
+            self.loaders.set_seed(seed)
+            self.loaders.eval = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+            self._set_evaluation_run_config(per_device_batch_size, dataloader_kwargs)
+            self._prepare_model_optimizer_and_dataloaders()
+            check_epoch_has_batches(self.loaders.eval, dataset, "dataset", self._accelerator.num_processes)
+
+        def body() -> None:
+            self.evaluation_run_start()
+            self.callback_handler.call_event("on_evaluation_run_start", self)
+            self._run_eval_epoch(self.loaders.eval, is_evaluation_run=True)
+
+        self._run_guarded(set_up, body, end="evaluation_run_end", stopped="Evaluation stopped")
+        counts = history.metric_counts()
+        return {
+            name: history.get_latest_metric(name) for name in counts if counts[name] > before.get(name, 0)
+        }
+
+    def predict(
+        self,
+        dataset: Any,
+        per_device_batch_size: int = 8,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        collate_fn: Any = None,
+        *,
+        padding_value: float = 0,
+    ) -> Any:
+        """The model's outputs for every sample of ``dataset``, in data-set order.
+
+        Each batch goes through :meth:`calculate_predict_batch_outputs` under
+        ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
+        afterwards). Every sample is predicted exactly once, whatever the number of processes,
+        and every process gets the same, whole result, **on the CPU**: a tensor for tensor
+        outputs (the batches concatenated along dim 0), or the same structure of dicts
+        (including a transformers ``ModelOutput``), tuples and lists with each tensor
+        concatenated. Every process must call this.
+
+        Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
+        ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
+        ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
+        the run history and fires no callback event.
+
+        Args:
+            dataset: a map-style data set (with ``__len__``) of at least one sample.
+            per_device_batch_size: samples per batch on each process.
+            dataloader_kwargs: ``DataLoader`` arguments merged over
+                :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
+                ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
+                or their order (to predict on some samples, pass a ``Subset``).
+            collate_fn: makes a batch from a list of samples (default: the Trainer's
+                ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
+            padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
+                (e.g. sequences as long as the longest of their batch) are padded at the end of
+                each such dim, up to the largest size seen, with this value.
+
+        Raises:
+            ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
+                tensor does not have one row per sample (each message says how to fix it).
+            TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
+                output is not made of tensors.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> from pytorch_accelerated import Trainer
+        >>> model = nn.Linear(2, 1)
+        >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
+        >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
+        >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
+        >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
+        [1.0, 5.0, 9.0, 13.0, 17.0]
+        """
+        prediction.check_predict_arguments(
+            dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
+        )
+        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
+        loaders = self.loaders
+        saved = self.eval_dataset, self.collate_fn, loaders.merged_kwargs
+        self.eval_dataset = dataset
+        self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
+        try:
+            loader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+            self._set_evaluation_run_config(per_device_batch_size, dataloader_kwargs)
+        finally:
+            self.eval_dataset, self.collate_fn, loaders.merged_kwargs = saved
+        prediction.check_predict_loader(loader)
+        self._prepare_model_optimizer_and_dataloaders()
+        loader = prepare_eval_dataloader(self._accelerator, loader)
+        batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
+
+        def step(batch: Any) -> Any:
+            try:
+                return self.calculate_predict_batch_outputs(batch)
+            except Exception as error:
+                loaders.explain_padding_failure(error)
+                raise
+
+        return prediction.predict(
+            self._accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
+        )
+
+    def run_eval_epoch(
+        self,
+        dataloader: Any = None,
+        *,
+        model: nn.Module | None = None,
+        is_intermediate: bool = True,
+        metric_name_prefix: str = "",
+    ) -> float:
+        """Run an extra evaluation epoch during training, for callbacks (on ``model``, e.g. an EMA
+        copy; with its metrics' names prefixed); return its mean loss.
+
+        Args:
+            dataloader: what to evaluate on (default: the run's evaluation loader).
+            model: evaluate this model (e.g. an EMA copy) in place of ``trainer.model``.
+            is_intermediate: passed to the eval events; an intermediate evaluation records no
+                ``eval_loss_epoch``.
+            metric_name_prefix: prefix for every metric recorded during this epoch.
+
+        The model's train/eval mode, ``trainer.model`` and the history's prefix are restored
+        afterwards, so training continues exactly as before. Every process must call this.
+        """
+        dataloader = dataloader if dataloader is not None else self.loaders.eval
+        if dataloader is None:
+            raise ValueError("run_eval_epoch() needs a dataloader: this run has no eval_dataset.")
+        original_model, original_loader = self.model, self.loaders.eval
+        previous_prefix = self.run_history.metric_name_prefix
+        was_training = original_model.training
+        self.model, self.loaders.eval = model if model is not None else original_model, dataloader
+        self.run_history.set_metric_name_prefix(metric_name_prefix)
+        try:
+            self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
+            return self.run_state.last_eval_loss
+        finally:
+            self.model, self.loaders.eval = original_model, original_loader
+            self.run_history.set_metric_name_prefix(previous_prefix)
+            original_model.train(was_training)
+
+    # ------------------------------------------------------------------ what a run is made of (overridable)
+
+    def _create_run_config(
+        self,
+        per_device_batch_size: int,
+        num_epochs: int,
+        gradient_accumulation_steps: int,
+        max_num_train_steps: int | None,
+        gradient_clip_value: float | None,
+        train_dl_kwargs: dict[str, Any] | None = None,
+        eval_dl_kwargs: dict[str, Any] | None = None,
+        max_grad_norm: float | None = None,
+    ) -> TrainerRunConfig:
+        """Return the frozen :class:`TrainerRunConfig` for this run."""
+        settings = {name: value for name, value in locals().items() if name != "self"}
+        return TrainerRunConfig.for_run(
+            self._accelerator,
+            num_batches_per_epoch=batches_per_epoch(self.loaders.train),
+            seed=self.loaders.seed,
+            **settings,
+        )
+
+    def create_scheduler(self) -> Any:
+        """Return the scheduler made by ``create_scheduler_fn`` with placeholders resolved."""
+        return replace_trainer_placeholder_values(self, self.create_scheduler_fn)(self.optimizer)
+
+    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for training; ``train_dataloader_kwargs`` are merged over them."""
+        return self.loaders.default_kwargs(self.train_dataset, batch_size, shuffle=True)
+
+    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Data-loader arguments for evaluation; ``eval_dataloader_kwargs`` are merged over them."""
+        return self.loaders.default_kwargs(self.eval_dataset, batch_size, shuffle=False)
+
+    def create_train_dataloader(
+        self, batch_size: int, train_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
+        """Return the training ``DataLoader`` (before it is prepared for distribution)."""
+        kwargs = self.loaders.merge("train", self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
+        return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs, self.run_state)
+
+    def create_eval_dataloader(
+        self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
+    ) -> DataLoader:
+        """Return the evaluation ``DataLoader``: each process gets its own share of the samples, each once."""
+        kwargs = self.loaders.merge("eval", self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs)
+        return self.loaders.make_eval_loader(
+            self.eval_dataset, self.collate_fn, kwargs, batch_size, eval_dl_kwargs
+        )
 
     def _prepare_model_optimizer_and_dataloaders(self) -> None:
         """Wrap the model and optimizer for distribution (once) and prepare the data loaders."""
@@ -181,6 +435,161 @@ class Trainer:
             self.model, self.optimizer, self.loaders.train
         )
         self.loaders.eval = prepare_eval_dataloader(self._accelerator, self.loaders.eval)
+
+    # ------------------------------------------------------------------ how a run starts and ends
+
+    def _set_up_training(self, arguments: dict[str, Any], relaunch: AutoResume | None = None) -> None:
+        """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
+        (``relaunch``: the state was chosen by ``resume_from="auto"``, which may end the launch here
+        when it would repeat a failure)."""
+        auto = relaunch is not None
+        self._start_run(arguments)
+        check_same_data_on_every_process(
+            self._accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
+        )
+        self.create_scheduler_fn = arguments["create_scheduler_fn"]
+        loaders, batch_size = self.loaders, arguments["per_device_batch_size"]
+        train_kwargs, eval_kwargs = arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]
+        loaders.merged_kwargs = {}
+        loaders.train = self.create_train_dataloader(batch_size, train_kwargs)
+        if self.eval_dataset is not None:
+            loaders.eval = self.create_eval_dataloader(batch_size, eval_kwargs)
+        self._prepare_model_optimizer_and_dataloaders()
+        processes = self._accelerator.num_processes
+        check_epoch_has_batches(loaders.train, self.train_dataset, "train_dataset", processes)
+        check_epoch_has_batches(loaders.eval, self.eval_dataset, "eval_dataset", processes)
+        settings = {name: arguments[name] for name in RUN_SETTINGS}
+        self.run_state.asked_accumulation = arguments["gradient_accumulation_steps"]
+        settings["gradient_accumulation_steps"] = self._run_accumulation(arguments, auto)
+        settings["train_dl_kwargs"] = loaders.recorded_kwargs("train", train_kwargs)
+        settings["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
+        config = self.run_config = self._create_run_config(**settings)
+        self.scheduler = self.create_scheduler() if self.create_scheduler_fn is not None else None
+        self.run_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
+        if arguments["resume_from"] is not None:
+            with self.state_store.resuming(auto):  # through the overridable load_training_state
+                loaded = self.load_training_state(arguments["resume_from"])
+            if self.run_state.pending_resume is None:  # an override that restored the state itself
+                self._start_at_returned_epoch(loaded)
+            check_something_left_to_train(self.progress, config, arguments["resume_from"], auto)
+        if relaunch is not None:
+            resumed = arguments["resume_from"] is not None
+            origin = {"run_id": self.run_state.run_id, "update": self.run_state.run_step(self.progress)}
+            relaunch.check_not_repeating(origin if resumed else None)
+
+    def _run_accumulation(self, arguments: dict[str, Any], auto: bool) -> int:
+        """The run's ``gradient_accumulation_steps``: the one given, but where ``resume_from="auto"``
+        (``auto``) resumes a state saved on another number of processes, the one that keeps its global
+        batch (elastic membership; docs: "Resuming on another number of processes")."""
+        asked = arguments["gradient_accumulation_steps"]
+        if not auto or arguments["resume_from"] is None:
+            return asked
+        return accumulation_keeping_global_batch(
+            arguments["resume_from"], self._accelerator, arguments["per_device_batch_size"], asked
+        )
+
+    def _start_at_returned_epoch(self, loaded: Any) -> None:
+        """As in 0.1.61: an override of ``load_training_state`` that does not call ``super()`` and
+        returns ``{"current_epoch": E, ...}`` starts the run at the start of epoch E (counted from 1)."""
+        epoch = loaded.get("current_epoch") if isinstance(loaded, Mapping) else None
+        if epoch is None:
+            return
+        owner = f"{type(self).__name__}.load_training_state returned"
+        check_whole_number(epoch, "current_epoch", owner=owner, hint="It is the epoch to start at, from 1.")
+        self.progress.epoch = epoch - 1
+        self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
+
+    def _start_run(self, arguments: dict[str, Any]) -> None:
+        self.train_dataset, self.eval_dataset = arguments["train_dataset"], arguments["eval_dataset"]
+        self.collate_fn = arguments["collate_fn"]
+        self.loaders.eval = None
+        self.loaders.set_seed(arguments["seed"])
+        run_state = RunState()
+        if arguments["reset_run_history"]:
+            self.run_history.reset()
+            self.run_history.reset_step_metrics()
+        else:  # the run goes on: its id, and its updates' count (its states' names follow the earlier calls')
+            run_state.run_id, run_state.steps_before = (
+                self.run_state.run_id,
+                self.run_state.run_step(self.progress),
+            )
+        run_state.history_first_epoch = self.run_history.current_epoch
+        if self._accelerator.num_processes > 1:  # one id for the run: the main process's
+            run_state.run_id = broadcast_object_list([run_state.run_id])[0]
+        self.last_grad_norm = None
+        self.progress, self.run_state = RunProgress(), run_state
+
+    def _set_evaluation_run_config(self, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
+        """Give an evaluation on a Trainer that has not trained its own run config (callbacks
+        read e.g. ``run_config.is_world_process_zero``); a training run's config is kept."""
+        if self.run_config is None or self.run_config.evaluation_only:
+            self.run_config = TrainerRunConfig.for_evaluation(
+                self._accelerator,
+                per_device_batch_size=batch_size,
+                eval_dl_kwargs=self.loaders.recorded_kwargs("eval", eval_kwargs),
+                seed=self.loaders.seed,
+            )
+
+    def _run_guarded(
+        self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str
+    ) -> None:
+        """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
+
+        Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
+        any other exception reaches the caller as it is. From ``body`` on, a ``StopTrainingError``
+        ends it cleanly (``on_stop_training_error``, then the end hooks) and any other exception
+        fires ``on_exception``, then reaches the caller unchanged.
+        """
+        try:
+            set_up()
+        except StopTrainingError as error:
+            self.print(f"{stopped} before it started: {error}")
+            return
+        with self._announcing_failures(), self.state_store.finishing_run():
+            try:
+                body()
+            except StopTrainingError as error:
+                self.print(f"{stopped}: {error}")
+                self._run_end_event("on_stop_training_error")
+            self._run_end_event(end)
+
+    @contextlib.contextmanager
+    def _announcing_failures(self) -> Iterator[None]:
+        try:
+            yield
+        except StopTrainingError:
+            raise
+        except BaseException as error:
+            # A note: which rank, where, probably why.
+            explain_collective_failure(
+                self._accelerator, describe_position(self.callback_handler, self.progress), error
+            )
+            self.callback_handler.call_exception_event(self, error)
+            raise
+
+    def _run_end_event(self, name: str) -> None:
+        """Run the end hook ``name`` (the overridable method of that name, if ``name`` does not start
+        with ``on_``) and its event; a :class:`StopTrainingError` raised in it skips the rest."""
+        try:
+            if not name.startswith("on_"):
+                getattr(self, name)()
+            self.callback_handler.call_event(name if name.startswith("on_") else f"on_{name}", self)
+        except StopTrainingError as error:
+            self.print(f"Stopped during {name}: {error}")
+
+    def _recording_failures(self, relaunch: AutoResume) -> None:
+        """``self._run_training()``, its failure (an exception, not a stop) recorded for the next
+        ``resume_from="auto"`` launch; a run that ends without one clears this process's record."""
+        try:
+            self._run_training()
+        except StopTrainingError:
+            raise
+        except Exception as error:
+            progress = self.progress
+            position = {"update": self.run_state.run_step(progress), "epoch": progress.epoch + 1}
+            relaunch.record_failure(error, {**position, "batch": progress.batch_index})
+            raise
+        relaunch.clear_failure()
 
     # ------------------------------------------------------------------ the loop
 
@@ -460,90 +869,7 @@ class Trainer:
         """Return the model's outputs for one batch of :meth:`predict` (one row per sample along dim 0)."""
         return model_outputs(self.model, batch)
 
-    # ------------------------------------------------------------------ utilities, prediction, checkpoints
-
-    def predict(
-        self,
-        dataset: Any,
-        per_device_batch_size: int = 8,
-        dataloader_kwargs: dict[str, Any] | None = None,
-        collate_fn: Any = None,
-        *,
-        padding_value: float = 0,
-    ) -> Any:
-        """The model's outputs for every sample of ``dataset``, in data-set order.
-
-        Each batch goes through :meth:`calculate_predict_batch_outputs` under
-        ``torch.no_grad()`` with the model in eval mode (its train/eval mode is restored
-        afterwards). Every sample is predicted exactly once, whatever the number of processes,
-        and every process gets the same, whole result, **on the CPU**: a tensor for tensor
-        outputs (the batches concatenated along dim 0), or the same structure of dicts
-        (including a transformers ``ModelOutput``), tuples and lists with each tensor
-        concatenated. Every process must call this.
-
-        Works on a fresh Trainer (``optimizer`` and ``loss_func`` may be None; it then sets
-        ``run_config`` as :meth:`evaluate` does) and after :meth:`train`. It leaves the run's
-        ``eval_dataset``, ``collate_fn`` and evaluation loader as they were, records nothing in
-        the run history and fires no callback event.
-
-        Args:
-            dataset: a map-style data set (with ``__len__``) of at least one sample.
-            per_device_batch_size: samples per batch on each process.
-            dataloader_kwargs: ``DataLoader`` arguments merged over
-                :meth:`get_default_eval_dl_kwargs` (e.g. ``num_workers``); not ``sampler``,
-                ``batch_sampler``, ``shuffle`` or ``drop_last``, which would change the samples
-                or their order (to predict on some samples, pass a ``Subset``).
-            collate_fn: makes a batch from a list of samples (default: the Trainer's
-                ``collate_fn`` from the last ``train``/``evaluate``, else torch's default).
-            padding_value: outputs whose sizes beyond dim 0 differ between batches or processes
-                (e.g. sequences as long as the longest of their batch) are padded at the end of
-                each such dim, up to the largest size seen, with this value.
-
-        Raises:
-            ValueError: ``dataset`` is empty, an argument's value is not allowed, or an output
-                tensor does not have one row per sample (each message says how to fix it).
-            TypeError: ``dataset`` is not map-style, an argument has the wrong type, or an
-                output is not made of tensors.
-
-        >>> import torch
-        >>> from torch import nn
-        >>> from torch.utils.data import TensorDataset
-        >>> from pytorch_accelerated import Trainer
-        >>> model = nn.Linear(2, 1)
-        >>> _ = nn.init.ones_(model.weight), nn.init.zeros_(model.bias)  # predicts x0 + x1
-        >>> data = TensorDataset(torch.arange(10.0).reshape(5, 2))
-        >>> trainer = Trainer(model, loss_func=None, optimizer=None, callbacks=())
-        >>> trainer.predict(data, per_device_batch_size=2).flatten().tolist()
-        [1.0, 5.0, 9.0, 13.0, 17.0]
-        """
-        prediction.check_predict_arguments(
-            dataset, per_device_batch_size, dataloader_kwargs, collate_fn, padding_value
-        )
-        check_same_data_on_every_process(self._accelerator, {"dataset": dataset})
-        loaders = self.loaders
-        saved = self.eval_dataset, self.collate_fn, loaders.merged_kwargs
-        self.eval_dataset = dataset
-        self.collate_fn = collate_fn if collate_fn is not None else self.collate_fn
-        try:
-            loader = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
-            runs.set_evaluation_run_config(self, per_device_batch_size, dataloader_kwargs)
-        finally:
-            self.eval_dataset, self.collate_fn, loaders.merged_kwargs = saved
-        prediction.check_predict_loader(loader)
-        self._prepare_model_optimizer_and_dataloaders()
-        loader = prepare_eval_dataloader(self._accelerator, loader)
-        batches, padding = loaders.eval_batches(loader), lambda: loaders.eval_batch_is_padding
-
-        def step(batch: Any) -> Any:
-            try:
-                return self.calculate_predict_batch_outputs(batch)
-            except Exception as error:
-                loaders.explain_padding_failure(error)
-                raise
-
-        return prediction.predict(
-            self._accelerator, self.model, loader, batches, step, padding, len(dataset), padding_value
-        )
+    # ------------------------------------------------------------------ the accelerator
 
     @property
     def accelerator(self) -> Accelerator:
@@ -565,22 +891,144 @@ class Trainer:
         """True on the main process of the whole job."""
         return self._accelerator.is_main_process
 
-    # Methods and properties that only hand over to a part: members of runs
-    print = runs.print
-    gather = runs.gather
-    gather_for_metrics = runs.gather_for_metrics
-    any_process = runs.any_process
-    get_model = runs.get_model
-    running_loss = runs.running_loss
-    eval_batch_is_padding = runs.eval_batch_is_padding
-    train_dataloader = runs.train_dataloader
-    eval_dataloader = runs.eval_dataloader
-    run_eval_epoch = runs.run_eval_epoch
-    save_checkpoint = runs.save_checkpoint
-    load_checkpoint = runs.load_checkpoint
-    save_training_state = runs.save_training_state
-    wait_for_training_state = runs.wait_for_training_state
-    load_training_state = runs.load_training_state
+    # ------------------------------------------------------------------ processes
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per node (on each node's main process), above any open progress bar."""
+        print_once_per_node(self._accelerator, *args, **kwargs)
+
+    def gather(self, tensor: torch.Tensor, padding_value: Any = None) -> torch.Tensor:
+        """Concatenate ``tensor`` from every process along dim 0 (see :func:`.distributed.gather`)."""
+        return distributed.gather(self._accelerator, tensor, padding_value)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather nested tensors from every process, each sample once (nothing from a padding batch,
+        not even a 0-d tensor)."""
+        return distributed.gather_ragged(self._accelerator, data, padding=self.loaders.eval_batch_is_padding)
+
+    def any_process(self, flag: bool | torch.Tensor) -> bool:
+        """True on every process if ``flag`` is true on any (every process must call this)."""
+        return bool(distributed.ranks_where(self._accelerator, flag))
+
+    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
+        """Return the model without its distributed wrappers."""
+        return self._accelerator.unwrap_model(self.model, keep_torch_compile=keep_torch_compile)
+
+    @property
+    def running_loss(self) -> float:
+        """The mean training loss of the epoch so far on this process (a device read: a sync point)."""
+        return self.run_state.train_loss.average
+
+    @property
+    def eval_batch_is_padding(self) -> bool:
+        """True while an evaluation batch is a padding batch of zero rows (that evens out the processes'
+        batch counts; docs/inside-the-trainer.md, "Evaluation")."""
+        return self.loaders.eval_batch_is_padding
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The prepared training loader of the run (one set in ``on_train_epoch_start`` is used)."""
+        return self.loaders.train
+
+    @train_dataloader.setter
+    def train_dataloader(self, loader: Any) -> None:
+        self.loaders.train = loader
+
+    @property
+    def eval_dataloader(self) -> Any:
+        """The prepared evaluation loader (one set in ``on_eval_epoch_start`` is used)."""
+        return self.loaders.eval
+
+    @eval_dataloader.setter
+    def eval_dataloader(self, loader: Any) -> None:
+        self.loaders.eval = loader
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _training_objects(self) -> TrainingObjects:
+        """The parts of the run that a training state saves and restores, as they are now."""
+        return TrainingObjects(
+            self._accelerator,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.progress,
+            self.run_state,
+            self.run_history,
+            self.callback_handler,
+            self.run_config,
+            self.loaders.train,
+            self.train_dataset,
+        )
+
+    def save_checkpoint(
+        self,
+        save_path: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        save_per_node: bool = True,
+        *,
+        model: nn.Module | None = None,
+    ) -> None:
+        """Save the model (and optimizer, scheduler) in one file (see :func:`.model_files.save_checkpoint`)."""
+        model_files.save_checkpoint(
+            self._training_objects(),
+            save_path,
+            checkpoint_kwargs,
+            (save_optimizer, save_scheduler, save_per_node),
+            model,
+        )
+
+    def load_checkpoint(
+        self,
+        checkpoint_path: str | os.PathLike,
+        load_optimizer: bool = True,
+        load_scheduler: bool = True,
+        *,
+        model: nn.Module | None = None,
+    ) -> dict[str, Any]:
+        """Load a file written by :meth:`save_checkpoint` (see :func:`.model_files.load_checkpoint`)."""
+        return model_files.load_checkpoint(
+            self._training_objects(), checkpoint_path, (load_optimizer, load_scheduler), model
+        )
+
+    def save_training_state(
+        self,
+        output_dir: str | os.PathLike,
+        checkpoint_kwargs: dict[str, Any] | None = None,
+        *,
+        asynchronous: bool = False,
+    ) -> None:
+        """Save all that decides the rest of the run in ``output_dir`` (see :meth:`.TrainingStateStore.save`).
+
+        >>> import tempfile, torch
+        >>> from pytorch_accelerated import Trainer
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+        >>> def new_trainer():
+        ...     model = nn.Linear(3, 1)
+        ...     return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+        >>> trainer = new_trainer()
+        >>> trainer.train(data, num_epochs=1, per_device_batch_size=4)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     trainer.save_training_state(f"{folder}/after-epoch-1", checkpoint_kwargs={"note": "hi"})
+        ...     resumed = new_trainer()
+        ...     resumed.train(data, num_epochs=3, per_device_batch_size=4, resume_from=folder)
+        Resumed from .../after-epoch-1, the newest usable state in ... (update 4; training continues with epoch 2)
+        >>> resumed.progress.global_step  # 4 updates restored, then 2 more epochs of 4
+        12
+        """
+        self.state_store.save(self._training_objects(), output_dir, checkpoint_kwargs, asynchronous)
+
+    def wait_for_training_state(self) -> None:
+        """Wait for a state saved with ``asynchronous=True`` (see :meth:`.TrainingStateStore.wait`)."""
+        self.state_store.wait()
+
+    def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
+        """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
+        return self.state_store.load(self._training_objects(), input_dir)
 
 
 class TrainerWithTimmScheduler(Trainer):

@@ -424,7 +424,7 @@ PLACES = [
     ),
     Place(
         "load_training_state-current_epoch",
-        "runs.py",
+        "trainer.py",
         "ReturnsEpoch.load_training_state returned",
         "current_epoch",
         1,
