@@ -24,6 +24,7 @@ from .data import (
     ReproducibleShuffleSampler,
     default_dataloader_kwargs,
     is_map_style,
+    loader_batch_size,
     merge_dataloader_kwargs,
     shard_evaluation,
 )
@@ -114,7 +115,7 @@ class RunLoaders:
             kwargs = shard_evaluation(
                 kwargs,
                 len(dataset),
-                kwargs.get("batch_size") or batch_size,
+                loader_batch_size(kwargs, batch_size),
                 self.accelerator.num_processes,
                 self.accelerator.process_index,
             )

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .data import loader_batch_size
 from .step_metrics import StepMetrics
 from .tracking import LossTracker
 
@@ -102,7 +103,7 @@ class TrainerRunConfig:
         )
         processes = accelerator.num_processes
         train_batch_size, eval_batch_size = (
-            _batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
+            loader_batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
         )
         return cls(
             num_epochs=num_epochs,
@@ -134,7 +135,7 @@ class TrainerRunConfig:
     ) -> TrainerRunConfig:
         """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained): that of
         a one-epoch run without updates, batching by the evaluation loader's batch size."""
-        batch_size = _batch_size(eval_dl_kwargs, per_device_batch_size)
+        batch_size = loader_batch_size(eval_dl_kwargs, per_device_batch_size)
         return replace(
             cls.for_run(
                 accelerator,
@@ -178,11 +179,6 @@ def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
         "mixed_precision": str(accelerator.mixed_precision),
         "num_processes": accelerator.num_processes,
     }
-
-
-def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
-    """What a loader made with ``loader_kwargs`` batches by: their ``batch_size``, if given."""
-    return (loader_kwargs or {}).get("batch_size") or per_device_batch_size
 
 
 @dataclass

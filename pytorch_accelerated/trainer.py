@@ -10,6 +10,7 @@ lines. See docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -38,7 +39,6 @@ from ._internal.validation import (
     check_epoch_has_batches,
     check_evaluate_arguments,
     check_something_left_to_train,
-    check_train_arguments,
     check_trainer_arguments,
     check_whole_number,
 )
@@ -72,6 +72,7 @@ from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_
 from .prediction import model_outputs
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
+from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
 
 # fmt: off
@@ -82,16 +83,6 @@ __all__ = [  # the last eight: 0.1.61 also exported them from this module
     "remove_padding", "worker_init_fn",
 ]
 # fmt: on
-
-#: The arguments of ``train()`` that the run config records.
-RUN_SETTINGS = (
-    "num_epochs",
-    "per_device_batch_size",
-    "max_num_train_steps",
-    "gradient_accumulation_steps",
-    "gradient_clip_value",
-    "max_grad_norm",
-)
 
 
 class Trainer:
@@ -195,12 +186,33 @@ class Trainer:
         >>> len(trainer.run_history.get_metric_values("eval_loss_epoch"))
         3
         """
-        arguments = {name: value for name, value in locals().items() if name != "self"}
-        check_train_arguments(self._accelerator, self.model, self.optimizer, arguments)
+        arguments = TrainArguments(
+            train_dataset=train_dataset,
+            num_epochs=num_epochs,
+            eval_dataset=eval_dataset,
+            per_device_batch_size=per_device_batch_size,
+            max_num_train_steps=max_num_train_steps,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            create_scheduler_fn=create_scheduler_fn,
+            train_dataloader_kwargs=train_dataloader_kwargs,
+            eval_dataloader_kwargs=eval_dataloader_kwargs,
+            reset_run_history=reset_run_history,
+            collate_fn=collate_fn,
+            resume_from=resume_from,
+            max_grad_norm=max_grad_norm,
+            seed=seed,
+        )
+        arguments.check(self._accelerator, self.model, self.optimizer)
+        self._train(arguments)
+
+    def _train(self, arguments: TrainArguments) -> None:
+        """What ``train()`` does with its checked ``arguments``: set up, then ``_run_training``
+        guarded (stops, failures and the end hooks; see :meth:`_run_guarded`)."""
         relaunch, body = None, self._run_training
-        if arguments["resume_from"] == AUTO:  # decided now, by every process alike
+        if arguments.resume_from == AUTO:  # decided now, by every process alike
             relaunch = AutoResume(self._accelerator, auto_resume_folder(self.callback_handler))
-            arguments = {**arguments, "resume_from": relaunch.choose()}
+            arguments = dataclasses.replace(arguments, resume_from=relaunch.choose())
             body = functools.partial(self._recording_failures, relaunch)
         set_up = functools.partial(self._set_up_training, arguments, relaunch)
         self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
@@ -438,18 +450,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ how a run starts and ends
 
-    def _set_up_training(self, arguments: dict[str, Any], relaunch: AutoResume | None = None) -> None:
+    def _set_up_training(self, arguments: TrainArguments, relaunch: AutoResume | None = None) -> None:
         """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
         (``relaunch``: the state was chosen by ``resume_from="auto"``, which may end the launch here
         when it would repeat a failure)."""
         auto = relaunch is not None
         self._start_run(arguments)
-        check_same_data_on_every_process(
-            self._accelerator, {name: arguments[name] for name in ("train_dataset", "eval_dataset")}
-        )
-        self.create_scheduler_fn = arguments["create_scheduler_fn"]
-        loaders, batch_size = self.loaders, arguments["per_device_batch_size"]
-        train_kwargs, eval_kwargs = arguments["train_dataloader_kwargs"], arguments["eval_dataloader_kwargs"]
+        datasets = {"train_dataset": arguments.train_dataset, "eval_dataset": arguments.eval_dataset}
+        check_same_data_on_every_process(self._accelerator, datasets)
+        self.create_scheduler_fn = arguments.create_scheduler_fn
+        loaders, batch_size = self.loaders, arguments.per_device_batch_size
+        train_kwargs, eval_kwargs = arguments.train_dataloader_kwargs, arguments.eval_dataloader_kwargs
         loaders.merged_kwargs = {}
         loaders.train = self.create_train_dataloader(batch_size, train_kwargs)
         if self.eval_dataset is not None:
@@ -458,34 +469,39 @@ class Trainer:
         processes = self._accelerator.num_processes
         check_epoch_has_batches(loaders.train, self.train_dataset, "train_dataset", processes)
         check_epoch_has_batches(loaders.eval, self.eval_dataset, "eval_dataset", processes)
-        settings = {name: arguments[name] for name in RUN_SETTINGS}
-        self.run_state.asked_accumulation = arguments["gradient_accumulation_steps"]
-        settings["gradient_accumulation_steps"] = self._run_accumulation(arguments, auto)
-        settings["train_dl_kwargs"] = loaders.recorded_kwargs("train", train_kwargs)
-        settings["eval_dl_kwargs"] = loaders.recorded_kwargs("eval", eval_kwargs)
-        config = self.run_config = self._create_run_config(**settings)
+        self.run_state.asked_accumulation = arguments.gradient_accumulation_steps
+        config = self.run_config = self._create_run_config(
+            per_device_batch_size=batch_size,
+            num_epochs=arguments.num_epochs,
+            gradient_accumulation_steps=self._run_accumulation(arguments, auto),
+            max_num_train_steps=arguments.max_num_train_steps,
+            gradient_clip_value=arguments.gradient_clip_value,
+            train_dl_kwargs=loaders.recorded_kwargs("train", train_kwargs),
+            eval_dl_kwargs=loaders.recorded_kwargs("eval", eval_kwargs),
+            max_grad_norm=arguments.max_grad_norm,
+        )
         self.scheduler = self.create_scheduler() if self.create_scheduler_fn is not None else None
         self.run_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
-        if arguments["resume_from"] is not None:
+        if arguments.resume_from is not None:
             with self.state_store.resuming(auto):  # through the overridable load_training_state
-                loaded = self.load_training_state(arguments["resume_from"])
+                loaded = self.load_training_state(arguments.resume_from)
             if self.run_state.pending_resume is None:  # an override that restored the state itself
                 self._start_at_returned_epoch(loaded)
-            check_something_left_to_train(self.progress, config, arguments["resume_from"], auto)
+            check_something_left_to_train(self.progress, config, arguments.resume_from, auto)
         if relaunch is not None:
-            resumed = arguments["resume_from"] is not None
+            resumed = arguments.resume_from is not None
             origin = {"run_id": self.run_state.run_id, "update": self.run_state.run_step(self.progress)}
             relaunch.check_not_repeating(origin if resumed else None)
 
-    def _run_accumulation(self, arguments: dict[str, Any], auto: bool) -> int:
+    def _run_accumulation(self, arguments: TrainArguments, auto: bool) -> int:
         """The run's ``gradient_accumulation_steps``: the one given, but where ``resume_from="auto"``
         (``auto``) resumes a state saved on another number of processes, the one that keeps its global
         batch (elastic membership; docs: "Resuming on another number of processes")."""
-        asked = arguments["gradient_accumulation_steps"]
-        if not auto or arguments["resume_from"] is None:
+        asked = arguments.gradient_accumulation_steps
+        if not auto or arguments.resume_from is None:
             return asked
         return accumulation_keeping_global_batch(
-            arguments["resume_from"], self._accelerator, arguments["per_device_batch_size"], asked
+            arguments.resume_from, self._accelerator, arguments.train_batch_size, asked
         )
 
     def _start_at_returned_epoch(self, loaded: Any) -> None:
@@ -499,13 +515,13 @@ class Trainer:
         self.progress.epoch = epoch - 1
         self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
 
-    def _start_run(self, arguments: dict[str, Any]) -> None:
-        self.train_dataset, self.eval_dataset = arguments["train_dataset"], arguments["eval_dataset"]
-        self.collate_fn = arguments["collate_fn"]
+    def _start_run(self, arguments: TrainArguments) -> None:
+        self.train_dataset, self.eval_dataset = arguments.train_dataset, arguments.eval_dataset
+        self.collate_fn = arguments.collate_fn
         self.loaders.eval = None
-        self.loaders.set_seed(arguments["seed"])
+        self.loaders.set_seed(arguments.seed)
         run_state = RunState()
-        if arguments["reset_run_history"]:
+        if arguments.reset_run_history:
             self.run_history.reset()
             self.run_history.reset_step_metrics()
         else:  # the run goes on: its id, and its updates' count (its states' names follow the earlier calls')

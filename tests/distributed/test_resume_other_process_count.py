@@ -84,18 +84,7 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
     return {**runs, **{how: group.wait() for how, group in relaunched.items()}}
 
 
-@pytest.mark.parametrize(
-    "how",
-    [
-        "per_device_batch_size",
-        pytest.param(
-            "train_dataloader_kwargs",
-            marks=pytest.mark.xfail(
-                strict=True, reason="the elastic check is handed the unused per_device_batch_size (8)"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("how", list(BATCH_GIVEN))
 def test_an_auto_resume_on_1_process_keeps_the_global_batch_and_ends_where_the_2_process_run_ends(
     elastic: dict[str, WorkerRun], how: str
 ) -> None:

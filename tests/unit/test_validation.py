@@ -144,11 +144,14 @@ class Place:
 
 
 VALIDATION = "_internal/validation.py"
+TRAIN_ARGUMENTS = "train_arguments.py"
 PLACES = [
-    Place("train-num_epochs", VALIDATION, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)),
+    Place(
+        "train-num_epochs", TRAIN_ARGUMENTS, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)
+    ),
     Place(
         "train-per_device_batch_size",
-        VALIDATION,
+        TRAIN_ARGUMENTS,
         "",
         "per_device_batch_size",
         1,
@@ -159,7 +162,7 @@ PLACES = [
     ),
     Place(
         "train-gradient_accumulation_steps",
-        VALIDATION,
+        TRAIN_ARGUMENTS,
         "",
         "gradient_accumulation_steps",
         1,
@@ -170,7 +173,7 @@ PLACES = [
     ),
     Place(
         "train-max_num_train_steps",
-        VALIDATION,
+        TRAIN_ARGUMENTS,
         "",
         "max_num_train_steps",
         1,
