@@ -231,8 +231,6 @@ class RunState:
             the start of the next epoch.
         epoch_trained: the current epoch's training part (with ``on_train_epoch_end``) is done;
             a state saved during its evaluation resumes with that evaluation.
-        pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
-            the run's start events have fired.
         step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
         last_eval_loss: the mean loss of the last evaluation epoch, over every process.
         run_id: the run's id: new for each run; kept by a ``train()`` call that keeps the run
@@ -252,7 +250,6 @@ class RunState:
     history_first_epoch: int = 1
     epoch_finished: bool = False
     epoch_trained: bool = False
-    pending_resume: dict[str, Any] | None = None
     step_metrics: StepMetrics = field(default_factory=StepMetrics)
     last_eval_loss: float = math.nan
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")

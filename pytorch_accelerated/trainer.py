@@ -10,11 +10,11 @@ lines. See docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ from .callbacks.limits import limit_batches_callback_from_env
 from .callbacks.training_state import auto_resume_folder
 from .checkpoints import model_files
 from .checkpoints.auto_resume import AUTO, AutoResume
-from .checkpoints.resume import accumulation_keeping_global_batch
+from .checkpoints.resume import Resumed, ResumePlan
 from .checkpoints.store import TrainingStateStore
 from .checkpoints.training_objects import TrainingObjects
 from .data import (
@@ -139,6 +139,7 @@ class Trainer:
         self.run_config: TrainerRunConfig | None = None
         self.progress, self.run_state = RunProgress(), RunState()
         self.last_grad_norm: torch.Tensor | None = None
+        self._resumed: Resumed | None = None  # what train(resume_from=...) restored, for the run's start
         self._run_end_event("on_init_end")
 
     def _create_accelerator(self) -> Accelerator:
@@ -207,14 +208,17 @@ class Trainer:
         self._train(arguments)
 
     def _train(self, arguments: TrainArguments) -> None:
-        """What ``train()`` does with its checked ``arguments``: set up, then ``_run_training``
-        guarded (stops, failures and the end hooks; see :meth:`_run_guarded`)."""
-        relaunch, body = None, self._run_training
+        """What ``train()`` does with its checked ``arguments``: choose the state to resume, once
+        (:class:`~.checkpoints.resume.ResumePlan`), set up, then ``_run_training`` guarded (stops,
+        failures and the end hooks; see :meth:`_run_guarded`)."""
+        plan, relaunch, body = None, None, self._run_training
         if arguments.resume_from == AUTO:  # decided now, by every process alike
             relaunch = AutoResume(self._accelerator, auto_resume_folder(self.callback_handler))
-            arguments = dataclasses.replace(arguments, resume_from=relaunch.choose())
+            plan = relaunch.choose()
             body = functools.partial(self._recording_failures, relaunch)
-        set_up = functools.partial(self._set_up_training, arguments, relaunch)
+        elif arguments.resume_from is not None:
+            plan = ResumePlan.of(arguments.resume_from)
+        set_up = functools.partial(self._set_up_training, arguments, plan, relaunch)
         self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
         if self.run_state.exit_code is not None:  # a signal's stop under torchrun: see its line
             raise SystemExit(self.run_state.exit_code)
@@ -450,11 +454,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ how a run starts and ends
 
-    def _set_up_training(self, arguments: TrainArguments, relaunch: AutoResume | None = None) -> None:
-        """Everything before a training run starts: loaders, preparation, run config, scheduler, resume
-        (``relaunch``: the state was chosen by ``resume_from="auto"``, which may end the launch here
-        when it would repeat a failure)."""
-        auto = relaunch is not None
+    def _set_up_training(
+        self, arguments: TrainArguments, plan: ResumePlan | None, relaunch: AutoResume | None
+    ) -> None:
+        """Everything before a training run starts: loaders, preparation, run config, scheduler, the
+        resume ``plan`` applied (``relaunch``: chosen by ``resume_from="auto"``, which may end the
+        launch here when it would repeat a failure)."""
         self._start_run(arguments)
         datasets = {"train_dataset": arguments.train_dataset, "eval_dataset": arguments.eval_dataset}
         check_same_data_on_every_process(self._accelerator, datasets)
@@ -473,7 +478,7 @@ class Trainer:
         config = self.run_config = self._create_run_config(
             per_device_batch_size=batch_size,
             num_epochs=arguments.num_epochs,
-            gradient_accumulation_steps=self._run_accumulation(arguments, auto),
+            gradient_accumulation_steps=self._run_accumulation(arguments, plan),
             max_num_train_steps=arguments.max_num_train_steps,
             gradient_clip_value=arguments.gradient_clip_value,
             train_dl_kwargs=loaders.recorded_kwargs("train", train_kwargs),
@@ -482,27 +487,33 @@ class Trainer:
         )
         self.scheduler = self.create_scheduler() if self.create_scheduler_fn is not None else None
         self.run_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
-        if arguments.resume_from is not None:
-            with self.state_store.resuming(auto):  # through the overridable load_training_state
-                loaded = self.load_training_state(arguments.resume_from)
-            if self.run_state.pending_resume is None:  # an override that restored the state itself
-                self._start_at_returned_epoch(loaded)
-            check_something_left_to_train(self.progress, config, arguments.resume_from, auto)
+        if plan is not None:
+            self._resume(plan)
+            check_something_left_to_train(self.progress, config, plan.asked, plan.auto)
         if relaunch is not None:
-            resumed = arguments.resume_from is not None
             origin = {"run_id": self.run_state.run_id, "update": self.run_state.run_step(self.progress)}
-            relaunch.check_not_repeating(origin if resumed else None)
+            relaunch.check_not_repeating(origin if plan is not None else None)
 
-    def _run_accumulation(self, arguments: TrainArguments, auto: bool) -> int:
+    def _run_accumulation(self, arguments: TrainArguments, plan: ResumePlan | None) -> int:
         """The run's ``gradient_accumulation_steps``: the one given, but where ``resume_from="auto"``
-        (``auto``) resumes a state saved on another number of processes, the one that keeps its global
-        batch (elastic membership; docs: "Resuming on another number of processes")."""
+        resumes a state saved on another number of processes, the one that keeps its global batch
+        (elastic membership; docs: "Resuming on another number of processes")."""
         asked = arguments.gradient_accumulation_steps
-        if not auto or arguments.resume_from is None:
+        if plan is None or not plan.auto:
             return asked
-        return accumulation_keeping_global_batch(
-            arguments.resume_from, self._accelerator, arguments.train_batch_size, asked
-        )
+        return plan.accumulation_keeping_global_batch(self._accelerator, arguments.train_batch_size, asked)
+
+    def _resume(self, plan: ResumePlan) -> None:
+        """Apply ``plan`` through the overridable ``load_training_state`` (it is given the plan, a
+        path: the one asked). The default resumes the run at the saved position and returns a
+        :class:`~.checkpoints.resume.Resumed`, whose callback and RNG states go in once the run's start
+        events have fired; as in 0.1.61, an override that restores the state itself, without
+        ``super()``, and returns ``{"current_epoch": E}`` starts the run at epoch E."""
+        loaded = self.load_training_state(plan)
+        if isinstance(loaded, Resumed):
+            self._resumed = loaded
+        else:
+            self._start_at_returned_epoch(loaded)
 
     def _start_at_returned_epoch(self, loaded: Any) -> None:
         """As in 0.1.61: an override of ``load_training_state`` that does not call ``super()`` and
@@ -532,7 +543,7 @@ class Trainer:
         run_state.history_first_epoch = self.run_history.current_epoch
         if self._accelerator.num_processes > 1:  # one id for the run: the main process's
             run_state.run_id = broadcast_object_list([run_state.run_id])[0]
-        self.last_grad_norm = None
+        self.last_grad_norm, self._resumed = None, None
         self.progress, self.run_state = RunProgress(), run_state
 
     def _set_evaluation_run_config(self, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
@@ -617,7 +628,8 @@ class Trainer:
         """Start the run, then run every epoch: train, evaluate, ``training_run_epoch_end``, until
         ``num_epochs`` or ``max_num_train_steps``. (``train()`` handles stops and failures.)"""
         self._run_method_then_event("training_run_start")
-        self.state_store.apply_pending_resume(self.run_state, self.callback_handler)
+        if self._resumed is not None:  # a resumed state's callback and RNG states, after the start events
+            self._resumed.restore_after_start(self.callback_handler)
         while self.progress.epoch < self._config().num_epochs:
             if not self.run_state.epoch_trained:  # trained already when resumed during evaluation
                 self._run_train_epoch(self.loaders.train)
@@ -1043,8 +1055,19 @@ class Trainer:
         self.state_store.wait()
 
     def load_training_state(self, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`)."""
+        """Restore a state saved by :meth:`save_training_state` (see :meth:`.TrainingStateStore.load`).
+
+        ``train(resume_from=...)`` calls this with its :class:`~.checkpoints.resume.ResumePlan` (a
+        path), so an override runs there too: one that calls ``super()`` returns what it returned (the
+        run continues at the exact position saved); one that restores the state itself returns
+        ``{"current_epoch": E}``, and the run starts at epoch E."""
         return self.state_store.load(self._training_objects(), input_dir)
+
+    @property
+    def resumed_from(self) -> Path | None:
+        """The training state this run was resumed from (None: a new run, or a state that an override
+        of :meth:`load_training_state` restored itself); set before ``on_training_run_start``."""
+        return self._resumed.directory if self._resumed is not None else None
 
 
 class TrainerWithTimmScheduler(Trainer):

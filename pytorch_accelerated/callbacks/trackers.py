@@ -139,7 +139,7 @@ class TrackingCallback(TrainerCallback):
         self._last_points = {"step": None, "values": {}}
         self._epoch_points = []
         self._started = False
-        if trainer.run_state.pending_resume is None:  # a resumed run starts them in load_state_dict
+        if trainer.resumed_from is None:  # a resumed run starts them in load_state_dict
             self._start_trackers(trainer)
             config = trainer.run_config.to_dict() if trainer.run_config is not None else {}
             values = flat_hyperparameters({**config, **self.hyperparameters})

@@ -281,10 +281,10 @@ class RecordRunState(TrainerCallback):
         self.seen: list[tuple[str, RunState, Any]] = []
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen.append(("on_training_run_start", trainer.run_state, None))
+        self.seen.append(("on_training_run_start", trainer.run_state, trainer.resumed_from))
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen.append(("on_train_epoch_start", trainer.run_state, trainer.run_state.pending_resume))
+        self.seen.append(("on_train_epoch_start", trainer.run_state, trainer.resumed_from))
 
 
 def test_each_train_gets_a_fresh_run_state() -> None:
@@ -305,17 +305,41 @@ def test_each_train_gets_a_fresh_run_state() -> None:
     assert recorder.seen[0][1] is first and recorder.seen[2][1] is second
 
 
-def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path) -> None:
+class Stateful(TrainerCallback):
+    """Records its events, and when its state is loaded."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.order.append("on_training_run_start")
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.order.append("on_train_epoch_start")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved": True}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.order.append("load_state_dict")
+
+
+def test_a_resumed_run_names_its_state_and_restores_callback_states_once_its_start_events_fired(
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
-    train(make_trainer((SaveStateAfterEpoch(state, epoch=1),)), num_epochs=2)
-    recorder = RecordRunState()
-    resumed = train(make_trainer((recorder,)), num_epochs=2, resume_from=state)
-    pending_at_epoch_start = [
-        pending for event, _, pending in recorder.seen if event == "on_train_epoch_start"
+    saved = train(make_trainer((SaveStateAfterEpoch(state, epoch=1), Stateful())), num_epochs=2)
+    assert saved.resumed_from is None
+    recorder, stateful = RecordRunState(), Stateful()
+    resumed = train(make_trainer((recorder, stateful)), num_epochs=2, resume_from=tmp_path)  # its newest
+    assert stateful.order == ["on_training_run_start", "load_state_dict", "on_train_epoch_start"]
+    assert [(event, found) for event, _, found in recorder.seen] == [
+        ("on_training_run_start", state),
+        ("on_train_epoch_start", state),
     ]
-    assert pending_at_epoch_start == [None]
-    assert resumed.run_state.pending_resume is None
-    assert resumed.run_state.epoch_finished is False
+    assert resumed.resumed_from == state and resumed.run_state.epoch_finished is False
+    train(resumed, num_epochs=1)  # a new run
+    assert resumed.resumed_from is None
 
 
 def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_first_history_epoch() -> None:
