@@ -29,7 +29,7 @@ The house, read top-down (each layer imports only the layers below it)::
                         them under 0.1.61's module paths
     data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
-                        RunState (the loop's own working state)
+                        RunIdentity (which run), LoopState (the loop's own working state)
     placeholders        TrainerPlaceholderValues, resolved when a run starts
     tracking            RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
                         LossTracker

@@ -70,7 +70,7 @@ from .data import (
 from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
-from .run_config import RunProgress, RunState, TrainerRunConfig
+from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
@@ -137,7 +137,7 @@ class Trainer:
         self.train_dataset: Any = None
         self.eval_dataset: Any = None
         self.run_config: TrainerRunConfig | None = None
-        self.progress, self.run_state = RunProgress(), RunState()
+        self.progress, self.run_identity, self.loop_state = RunProgress(), RunIdentity(), LoopState()
         self.last_grad_norm: torch.Tensor | None = None
         self._resumed: Resumed | None = None  # what train(resume_from=...) restored, for the run's start
         self._run_end_event("on_init_end")
@@ -219,9 +219,9 @@ class Trainer:
         elif arguments.resume_from is not None:
             plan = ResumePlan.of(arguments.resume_from)
         set_up = functools.partial(self._set_up_training, arguments, plan, relaunch)
-        self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
-        if self.run_state.exit_code is not None:  # a signal's stop under torchrun: see its line
-            raise SystemExit(self.run_state.exit_code)
+        stop = self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
+        if stop is not None and stop.exit_code is not None:  # a signal's stop under torchrun: see its line
+            raise SystemExit(stop.exit_code)
 
     def evaluate(
         self,
@@ -389,7 +389,7 @@ class Trainer:
         self.run_history.set_metric_name_prefix(metric_name_prefix)
         try:
             self._run_eval_epoch(dataloader, is_intermediate=is_intermediate)
-            return self.run_state.last_eval_loss
+            return self.loop_state.last_eval_loss
         finally:
             self.model, self.loaders.eval = original_model, original_loader
             self.run_history.set_metric_name_prefix(previous_prefix)
@@ -434,7 +434,7 @@ class Trainer:
     ) -> DataLoader:
         """Return the training ``DataLoader`` (before it is prepared for distribution)."""
         kwargs = self.loaders.merge("train", self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs)
-        return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs, self.run_state)
+        return self.loaders.make_train_loader(self.train_dataset, self.collate_fn, kwargs)
 
     def create_eval_dataloader(
         self, batch_size: int, eval_dl_kwargs: dict[str, Any] | None = None
@@ -474,7 +474,7 @@ class Trainer:
         processes = self._accelerator.num_processes
         check_epoch_has_batches(loaders.train, self.train_dataset, "train_dataset", processes)
         check_epoch_has_batches(loaders.eval, self.eval_dataset, "eval_dataset", processes)
-        self.run_state.asked_accumulation = arguments.gradient_accumulation_steps
+        self.run_identity.asked_accumulation = arguments.gradient_accumulation_steps
         config = self.run_config = self._create_run_config(
             per_device_batch_size=batch_size,
             num_epochs=arguments.num_epochs,
@@ -486,12 +486,12 @@ class Trainer:
             max_grad_norm=arguments.max_grad_norm,
         )
         self.scheduler = self.create_scheduler() if self.create_scheduler_fn is not None else None
-        self.run_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
+        self.loop_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
         if plan is not None:
             self._resume(plan)
             check_something_left_to_train(self.progress, config, plan.asked, plan.auto)
         if relaunch is not None:
-            origin = {"run_id": self.run_state.run_id, "update": self.run_state.run_step(self.progress)}
+            origin = {"run_id": self.run_identity.run_id, "update": self.run_identity.run_step(self.progress)}
             relaunch.check_not_repeating(origin if plan is not None else None)
 
     def _run_accumulation(self, arguments: TrainArguments, plan: ResumePlan | None) -> int:
@@ -524,27 +524,27 @@ class Trainer:
         owner = f"{type(self).__name__}.load_training_state returned"
         check_whole_number(epoch, "current_epoch", owner=owner, hint="It is the epoch to start at, from 1.")
         self.progress.epoch = epoch - 1
-        self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
+        self.run_history.set_current_epoch(self.run_identity.history_first_epoch + self.progress.epoch)
 
     def _start_run(self, arguments: TrainArguments) -> None:
         self.train_dataset, self.eval_dataset = arguments.train_dataset, arguments.eval_dataset
         self.collate_fn = arguments.collate_fn
         self.loaders.eval = None
         self.loaders.set_seed(arguments.seed)
-        run_state = RunState()
+        identity = RunIdentity()
         if arguments.reset_run_history:
             self.run_history.reset()
             self.run_history.reset_step_metrics()
         else:  # the run goes on: its id, and its updates' count (its states' names follow the earlier calls')
-            run_state.run_id, run_state.steps_before = (
-                self.run_state.run_id,
-                self.run_state.run_step(self.progress),
+            identity.run_id, identity.steps_before = (
+                self.run_identity.run_id,
+                self.run_identity.run_step(self.progress),
             )
-        run_state.history_first_epoch = self.run_history.current_epoch
+        identity.history_first_epoch = self.run_history.current_epoch
         if self._accelerator.num_processes > 1:  # one id for the run: the main process's
-            run_state.run_id = broadcast_object_list([run_state.run_id])[0]
+            identity.run_id = broadcast_object_list([identity.run_id])[0]
         self.last_grad_norm, self._resumed = None, None
-        self.progress, self.run_state = RunProgress(), run_state
+        self.progress, self.run_identity, self.loop_state = RunProgress(), identity, LoopState()
 
     def _set_evaluation_run_config(self, batch_size: int, eval_kwargs: dict[str, Any] | None) -> None:
         """Give an evaluation on a Trainer that has not trained its own run config (callbacks
@@ -559,10 +559,11 @@ class Trainer:
 
     def _run_guarded(
         self, set_up: Callable[[], None], body: Callable[[], None], end: str, stopped: str
-    ) -> None:
-        """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event.
+    ) -> StopTrainingError | None:
+        """Set up, run ``body`` (which fires the start hooks), then the end hook ``end`` and its event;
+        return the :class:`StopTrainingError` that ended ``body``, if one did.
 
-        Set-up fires no event: a :class:`StopTrainingError` there ends it before anything started,
+        Set-up fires no event: a ``StopTrainingError`` there ends it before anything started,
         any other exception reaches the caller as it is. From ``body`` on, a ``StopTrainingError``
         ends it cleanly (``on_stop_training_error``, then the end hooks) and any other exception
         fires ``on_exception``, then reaches the caller unchanged.
@@ -571,14 +572,17 @@ class Trainer:
             set_up()
         except StopTrainingError as error:
             self.print(f"{stopped} before it started: {error}")
-            return
+            return None
+        stop = None
         with self._announcing_failures(), self.state_store.finishing_run():
             try:
                 body()
             except StopTrainingError as error:
                 self.print(f"{stopped}: {error}")
                 self._run_end_event("on_stop_training_error")
+                stop = error
             self._run_end_event(end)
+        return stop
 
     @contextlib.contextmanager
     def _announcing_failures(self) -> Iterator[None]:
@@ -613,7 +617,7 @@ class Trainer:
             raise
         except Exception as error:
             progress = self.progress
-            position = {"update": self.run_state.run_step(progress), "epoch": progress.epoch + 1}
+            position = {"update": self.run_identity.run_step(progress), "epoch": progress.epoch + 1}
             relaunch.record_failure(error, {**position, "batch": progress.batch_index})
             raise
         relaunch.clear_failure()
@@ -631,9 +635,9 @@ class Trainer:
         if self._resumed is not None:  # a resumed state's callback and RNG states, after the start events
             self._resumed.restore_after_start(self.callback_handler)
         while self.progress.epoch < self._config().num_epochs:
-            if not self.run_state.epoch_trained:  # trained already when resumed during evaluation
+            if not self.loop_state.epoch_trained:  # trained already when resumed during evaluation
                 self._run_train_epoch(self.loaders.train)
-                self.run_state.epoch_trained = True
+                self.loop_state.epoch_trained = True
             if self.loaders.eval is not None:
                 self._run_eval_epoch(self.loaders.eval)
             self._end_epoch()
@@ -642,13 +646,13 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         # A training state saved during the epoch-end event resumes at the next epoch.
-        self.run_state.epoch_finished = True
+        self.loop_state.epoch_finished = True
         try:
             self._run_method_then_event("training_run_epoch_end")
         finally:  # also when a callback stops the run here (early stopping): the epoch is done
             self.progress.start_next_epoch()
-            self.run_state.epoch_finished = self.run_state.epoch_trained = False
-            self.run_history.set_current_epoch(self.run_state.history_first_epoch + self.progress.epoch)
+            self.loop_state.epoch_finished = self.loop_state.epoch_trained = False
+            self.run_history.set_current_epoch(self.run_identity.history_first_epoch + self.progress.epoch)
 
     def _config(self) -> TrainerRunConfig:
         if self.run_config is None:
@@ -658,7 +662,7 @@ class Trainer:
     def _run_train_epoch(self, train_dl: Any) -> None:
         """Run one training epoch over ``train_dl``, from ``progress.batch_index`` (0 unless resuming)."""
         train_dl = self._start_train_epoch(train_dl)
-        config, progress, step_metrics = self._config(), self.progress, self.run_state.step_metrics
+        config, progress, step_metrics = self._config(), self.progress, self.loop_state.step_metrics
         window_weight: Any = 0
         windows = accumulation_windows(
             train_dl, progress.batch_index, config.gradient_accumulation_steps, batches_per_epoch(train_dl)
@@ -687,14 +691,14 @@ class Trainer:
             if is_update_step and config.train_steps_limit is not None and self._reached_max_steps():
                 break
         check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
-        loss = self.run_state.train_loss
+        loss = self.loop_state.train_loss
         self.run_history.update_metric(
             "train_loss_epoch", mean_over_processes(self._accelerator, loss.running_total, loss.count)
         )
         self._run_method_then_event("train_epoch_end")
 
     def _start_train_epoch(self, train_dl: Any) -> Any:
-        sampler = self.run_state.train_sampler
+        sampler = self.loaders.train_sampler
         if sampler is not None and self.loaders.train_generator is not None:
             # Workers' seeds then depend on the epoch only, as the shuffle order does.
             self.loaders.train_generator.manual_seed(sampler.seed + self.progress.epoch)
@@ -705,13 +709,13 @@ class Trainer:
         if self.progress.batch_index == 0 and not (
             sampler is not None and sampler.skipped_in(self.progress.epoch)
         ):
-            loss = self.run_state.train_loss
-            if self.run_state.step_metrics.active:  # the epoch's sum is reset: keep what is not logged yet
-                self.run_state.step_metrics.carry_epoch_loss(loss.running_total, loss.count)
+            loss = self.loop_state.train_loss
+            if self.loop_state.step_metrics.active:  # the epoch's sum is reset: keep what is not logged yet
+                self.loop_state.step_metrics.carry_epoch_loss(loss.running_total, loss.count)
             loss.reset()
         else:  # resuming mid-epoch: skip at the sampler level, so skipped batches are never loaded
             train_dl = skip_first_batches(train_dl, self.progress.batch_index)
-        self.loaders.set_epoch(train_dl, self.progress.epoch, self.run_state.train_sampler)
+        self.loaders.set_epoch(train_dl, self.progress.epoch, sampler)
         return train_dl
 
     def _train_on_batch(self, batch: Any, window_size: int, sync: bool) -> tuple[dict[str, Any], Any]:
@@ -719,14 +723,14 @@ class Trainer:
         if not sync:  # the same, inside accelerate's no_sync (a context manager costs ~3 calls)
             with self._accelerator.no_sync(self.model):
                 return self._train_on_batch(batch, window_size, sync=True)
-        window, run_state = self.run_state.window, self.run_state
+        window, loop_state = self.loop_state.window, self.loop_state
         assert window is not None  # set by train()
         batch_output = self.calculate_train_batch_loss(batch)
         check_batch_output(batch_output, "calculate_train_batch_loss")
         weight, loss = window.weight_of(batch_output), batch_output["loss"]
-        run_state.train_loss.update(loss, weight)
-        if run_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
-            run_state.step_metrics.batch_done(batch_output)
+        loop_state.train_loss.update(loss, weight)
+        if loop_state.step_metrics.every_n_steps is not None:  # (step_metrics.active, inlined)
+            loop_state.step_metrics.batch_done(batch_output)
         try:
             self.backward_step(window.scale(loss, weight, window_size))
         except RuntimeError as error:  # torch's "element 0 of tensors does not require grad"
@@ -739,7 +743,7 @@ class Trainer:
     def _update_parameters(self, window_weight: Any, window_size: int) -> bool:
         """The update ending an accumulation window: clip, step, schedule, zero, count. False, counting
         nothing, when fp16's gradient scaler skipped it (inf/NaN gradients; docs/recipes/precision.md)."""
-        window = self.run_state.window
+        window = self.loop_state.window
         assert window is not None  # set by train()
         window.correct_gradients(self.model, window_weight, window_size)
         self._clip_gradients()
@@ -753,15 +757,15 @@ class Trainer:
             return False
         self.progress.global_step += 1
         self.progress.epoch_step += 1
-        self.run_state.step_metrics.update_done()
+        self.loop_state.step_metrics.update_done()
         return True
 
     def _record_step_metrics(self) -> None:
         """Measure the step metrics due now (a collective), record them, then fire ``on_step_metrics``
         (before ``on_train_step_end``: a state saved at this step is published after its point is logged)."""
         step = self.progress.global_step
-        loss, grad_norm = self.run_state.train_loss, self.last_grad_norm
-        metrics = self.run_state.step_metrics.measure(self._accelerator, self.optimizer, loss, grad_norm)
+        loss, grad_norm = self.loop_state.train_loss, self.last_grad_norm
+        metrics = self.loop_state.step_metrics.measure(self._accelerator, self.optimizer, loss, grad_norm)
         for name, value in metrics.items():
             self.run_history.update_step_metric(name, step, value)
         self.callback_handler.call_event("on_step_metrics", self, step=step, metrics=metrics)
@@ -774,7 +778,7 @@ class Trainer:
         self._run_method_then_event("eval_epoch_start", is_intermediate=is_intermediate)
         if self.loaders.eval is not loader_before:  # replaced by a callback for this epoch
             eval_dl = self.loaders.eval
-        eval_loss = self.run_state.eval_loss
+        eval_loss = self.loop_state.eval_loss
         eval_loss.reset()
         with torch.no_grad():
             for batch in self.loaders.eval_batches(eval_dl):
@@ -784,7 +788,7 @@ class Trainer:
                     self.loaders.explain_padding_failure(error)
                     raise
         # Computed before the end events: a callback there may run another evaluation.
-        mean = self.run_state.last_eval_loss = mean_over_processes(
+        mean = self.loop_state.last_eval_loss = mean_over_processes(
             self._accelerator, eval_loss.running_total, eval_loss.count
         )
         if is_evaluation_run or not is_intermediate:
@@ -855,7 +859,7 @@ class Trainer:
             self.last_grad_norm = self._accelerator.clip_grad_norm_(
                 self.model.parameters(), config.max_grad_norm
             )
-        elif self.run_state.step_metrics.wants_grad_norm(self.progress.global_step + 1):  # a logged update
+        elif self.loop_state.step_metrics.wants_grad_norm(self.progress.global_step + 1):  # a logged update
             self.last_grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), math.inf)
 
     def optimizer_step(self) -> None:
@@ -945,7 +949,7 @@ class Trainer:
     @property
     def running_loss(self) -> float:
         """The mean training loss of the epoch so far on this process (a device read: a sync point)."""
-        return self.run_state.train_loss.average
+        return self.loop_state.train_loss.average
 
     @property
     def eval_batch_is_padding(self) -> bool:
@@ -976,17 +980,19 @@ class Trainer:
     def _training_objects(self) -> TrainingObjects:
         """The parts of the run that a training state saves and restores, as they are now."""
         return TrainingObjects(
-            self._accelerator,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.progress,
-            self.run_state,
-            self.run_history,
-            self.callback_handler,
-            self.run_config,
-            self.loaders.train,
-            self.train_dataset,
+            accelerator=self._accelerator,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            progress=self.progress,
+            run_identity=self.run_identity,
+            loop_state=self.loop_state,
+            run_history=self.run_history,
+            callbacks=self.callback_handler,
+            run_config=self.run_config,
+            train_dataloader=self.loaders.train,
+            train_dataset=self.train_dataset,
+            train_sampler=self.loaders.train_sampler,
         )
 
     def save_checkpoint(

@@ -131,7 +131,7 @@ class TrackingCallback(TrainerCallback):
     # ------------------------------------------------------------------ run start and resume
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        trainer.run_state.step_metrics.request(self.log_every_n_steps, grad_norm=self.log_grad_norm)
+        trainer.loop_state.step_metrics.request(self.log_every_n_steps, grad_norm=self.log_grad_norm)
         self._trainer = trainer
         self._logged_counts = (
             trainer.run_history.metric_counts()

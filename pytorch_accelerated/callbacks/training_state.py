@@ -136,7 +136,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             sharded.check_can_save(
                 trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
             )
-        trainer.state_store.hold(self.save_dir, trainer.run_state.run_id)  # one run per folder
+        trainer.state_store.hold(self.save_dir, trainer.run_identity.run_id)  # one run per folder
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:
@@ -224,14 +224,16 @@ class SaveTrainingStateCallback(TrainerCallback):
         except NonFiniteStateError:
             trainer.print(f"Received {name}, but the training state was not saved (see below); stopping.")
             raise
-        restart = ""
+        restart, exit_code = "", None
         if left := torchrun_restarts_left():  # exit non-zero, or torchrun would take the job as done
-            trainer.run_state.exit_code = 128 + signum
+            exit_code = 128 + signum
             restart = (
-                f"; exiting with code {128 + signum} after the end hooks so that torchrun restarts the "
+                f"; exiting with code {exit_code} after the end hooks so that torchrun restarts the "
                 f"job ({left} restart(s) left), and the relaunch resumes from it"
             )
-        raise StopTrainingError(f"received {name}; saved the training state to {directory}{restart}")
+        raise StopTrainingError(
+            f"received {name}; saved the training state to {directory}{restart}", exit_code=exit_code
+        )
 
     # ------------------------------------------------------------------ safe points
 
@@ -260,7 +262,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             and config is not None
             and (
                 trainer.progress.batch_index % config.gradient_accumulation_steps == 0
-                or trainer.run_state.epoch_trained
+                or trainer.loop_state.epoch_trained
             )
         ):
             self._stop_on(trainer, self._agreed_signal(trainer, self._eval_batches))
@@ -286,7 +288,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         other end hooks still run. Rotation counts published states only, so a state still
         being written in the background is neither counted nor deleted.
         """
-        position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
+        position = (*trainer.progress.state_dict().values(), trainer.loop_state.epoch_finished)
         if (
             position == self._saved_at
             and self._saved_dir is not None
@@ -301,7 +303,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         try:
             trainer.save_training_state(
                 directory,
-                checkpoint_kwargs={"global_step": trainer.run_state.run_step(trainer.progress)},
+                checkpoint_kwargs={"global_step": trainer.run_identity.run_step(trainer.progress)},
                 **options,
             )
             self._last_saved_step = trainer.progress.global_step
@@ -330,7 +332,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
 def _step_name(trainer: Trainer) -> str:
     """``step_{N}``, N the run's updates so far (over its ``train()`` calls)."""
-    return f"step_{trainer.run_state.run_step(trainer.progress)}"
+    return f"step_{trainer.run_identity.run_step(trainer.progress)}"
 
 
 def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> None:

@@ -135,7 +135,7 @@ class PlainLayout(StateLayout):
         contents: dict[str, Any] = {
             f"rng_state_{objects.accelerator.process_index}.pt": {
                 "rng": capture_rng_states(),
-                **objects.run_state.process_state_dict(position["batch_index"] > 0),
+                **objects.loop_state.process_state_dict(position["batch_index"] > 0),
             }
         }
         if shared is not None:
@@ -159,7 +159,7 @@ class PlainLayout(StateLayout):
     def manifest(self, objects: TrainingObjects, position: dict[str, int]) -> dict[str, Any]:
         """What the manifest records besides the files: the position, the run's batch settings and
         the run that wrote it."""
-        config, loader, run_state = objects.run_config, objects.train_dataloader, objects.run_state
+        config, loader, identity = objects.run_config, objects.train_dataloader, objects.run_identity
         return {
             **position,
             "finite": True,  # every save checks the weights first (finite.check_finite_before_save)
@@ -167,10 +167,10 @@ class PlainLayout(StateLayout):
             "per_device_batch_size": config.train_per_device_batch_size if config else None,
             "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
             "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
-            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
-            "run_step": run_state.steps_before + position["global_step"],
+            "run_id": identity.run_id,  # the run that wrote it, and its updates over its train() calls
+            "run_step": identity.steps_before + position["global_step"],
             # What train() was given: a resume on another number of processes may change it.
-            "asked_accumulation_steps": run_state.asked_accumulation,
+            "asked_accumulation_steps": identity.asked_accumulation,
         }
 
     # ------------------------------------------------------------------ reading and loading
@@ -376,7 +376,7 @@ def trainer_state(
 ) -> dict[str, Any]:
     """``trainer_state.pt``: the position, the run history, each callback's state and the shared
     part of the run's working state, with the user's ``checkpoint_kwargs``."""
-    run_state = objects.run_state.state_dict()
+    run_state = resume.run_state_dict(objects)
     history = objects.run_history.state_dict()
     # The history's epoch follows the saved position (older versions read it from here).
     history["current_epoch"] = run_state["history_first_epoch"] + position["epoch"]

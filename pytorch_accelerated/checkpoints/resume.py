@@ -148,7 +148,7 @@ def position_to_save(objects: TrainingObjects) -> dict[str, int]:
     """
     position = objects.progress.state_dict()
     config = objects.run_config
-    if objects.run_state.epoch_finished:
+    if objects.loop_state.epoch_finished:
         # The epoch's last event has fired: a resumed run starts the next epoch.
         position.update(epoch=position["epoch"] + 1, batch_index=0, epoch_step=0)
     elif (
@@ -167,16 +167,40 @@ def position_to_save(objects: TrainingObjects) -> dict[str, int]:
     return position
 
 
+def run_state_dict(objects: TrainingObjects) -> dict[str, Any]:
+    """What a state records of the run besides its position, history and callbacks, the same on every
+    process: its identity, the loss weighting unit, whether the epoch's training was done, and the
+    shuffle sampler's seed."""
+    sampler = objects.train_sampler
+    return {
+        **objects.run_identity.state_dict(),
+        **objects.loop_state.state_dict(),
+        "shuffle_seed": sampler.seed if sampler is not None else None,
+        # The training set's length and, in an epoch resumed on other settings, the samples its
+        # order starts after: a resume on other settings maps the position through them.
+        "train_samples": sampler.num_samples if sampler is not None else None,
+        "samples_skipped": sampler.skipped if sampler is not None else 0,
+    }
+
+
+def load_run_state_dict(objects: TrainingObjects, state: dict[str, Any]) -> None:
+    """Restore what :func:`run_state_dict` recorded (but the samples skipped: see :func:`adopt_run_settings`)."""
+    objects.run_identity.load_state_dict(state)
+    objects.loop_state.load_state_dict(state)
+    if objects.train_sampler is not None and state["shuffle_seed"] is not None:
+        objects.train_sampler.seed = state["shuffle_seed"]
+
+
 def restore_position(objects: TrainingObjects, state: dict[str, Any], process_state: dict[str, Any]) -> None:
     """Restore the saved position, run history (when saved) and working state of the run."""
     objects.progress.load_state_dict(state["progress"])
     if state["run_history"] is not None:
         # States saved before the first epoch was recorded: the history's epoch tells it.
         first_epoch = state["run_history"]["current_epoch"] - state["progress"]["epoch"]
-        objects.run_state.load_state_dict({"history_first_epoch": first_epoch, **state})
+        load_run_state_dict(objects, {"history_first_epoch": first_epoch, **state})
         objects.run_history.load_state_dict(state["run_history"])
-    objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
-    objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
+    objects.run_history.set_current_epoch(objects.run_identity.history_first_epoch + objects.progress.epoch)
+    objects.loop_state.load_process_state_dict(process_state, objects.accelerator.device)
 
 
 def check_run_settings(
@@ -241,7 +265,7 @@ def _map_saved_position(
 
     Without the Trainer's shuffle sampler, only a change that keeps the samples per batch index
     (processes x per-device batch) and the accumulation maps: to the same batch."""
-    config, sampler, accelerator = objects.run_config, objects.run_state.train_sampler, objects.accelerator
+    config, sampler, accelerator = objects.run_config, objects.train_sampler, objects.accelerator
     assert config is not None
     skipped = int(state.get("samples_skipped") or 0)
     reason = None
@@ -278,7 +302,7 @@ def adopt_run_settings(
 ) -> None:
     """After a resume's position is restored: continue at ``mapped`` (see :mod:`.reshard`),
     and let the loss weighting find its unit again when the per-device batch size changed."""
-    window, sampler, config = objects.run_state.window, objects.run_state.train_sampler, objects.run_config
+    window, sampler, config = objects.loop_state.window, objects.train_sampler, objects.run_config
     if (
         window is not None
         and config is not None

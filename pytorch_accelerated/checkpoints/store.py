@@ -211,7 +211,7 @@ class TrainingStateStore:
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
-            self.hold(output_dir.parent, objects.run_state.run_id)
+            self.hold(output_dir.parent, objects.run_identity.run_id)
             # Saved on each machine (found just now): synchronously (its background publication would
             # need a shared folder), not sharded.
             if self._shared is False:

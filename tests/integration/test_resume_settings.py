@@ -175,7 +175,7 @@ def test_epoch_boundary_state_resumes_on_another_training_set_length_with_a_noti
 def test_another_seed_is_announced_and_the_saved_one_kept(states: dict[str, Path]) -> None:
     trainer, notice = resumed_with_notice(states["mid"], seed=7)
     assert "seed=7 is not used: the saved seed 42 orders the epochs" in notice
-    assert trainer.run_state.train_sampler.seed == 42
+    assert trainer.loaders.train_sampler.seed == 42
 
 
 def test_another_learning_rate_is_announced_and_the_saved_one_wins(states: dict[str, Path]) -> None:

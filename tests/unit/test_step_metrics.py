@@ -192,7 +192,7 @@ class RecordsGradientNorms(Trainer):
 def test_grad_norm_is_the_total_norm_before_clipping(max_grad_norm: float | None) -> None:
     class AskForGradNorm(TrainerCallback):
         def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-            trainer.run_state.step_metrics.request(4, grad_norm=max_grad_norm is None)
+            trainer.loop_state.step_metrics.request(4, grad_norm=max_grad_norm is None)
 
     trainer, recorder = run(
         4, AskForGradNorm(), trainer_class=RecordsGradientNorms, max_grad_norm=max_grad_norm
