@@ -31,8 +31,8 @@ The house, read top-down (each layer imports only the layers below it)::
     run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
                         RunIdentity (which run), LoopState (the loop's own working state)
     placeholders        TrainerPlaceholderValues, resolved when a run starts
-    tracking            RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
-                        LossTracker
+    run_history         RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
+                        LossTracker; tracking re-exports them under 0.1.61's module path
     step_metrics        StepMetrics: the loop's step-level metrics, no device read between points
     finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding

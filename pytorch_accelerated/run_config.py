@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .data import loader_batch_size
+from .run_history import LossTracker
 from .step_metrics import StepMetrics
-from .tracking import LossTracker
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

@@ -39,7 +39,7 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from .tracking import LossTracker
+    from .run_history import LossTracker
 
 __all__ = ["StepMetrics"]
 

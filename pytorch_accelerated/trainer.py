@@ -71,7 +71,7 @@ from .loaders import RunLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
 from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
-from .tracking import InMemoryRunHistory, LossTracker, RunHistory
+from .run_history import InMemoryRunHistory, LossTracker, RunHistory
 from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
 

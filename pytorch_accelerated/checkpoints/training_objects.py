@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from ..data import ReproducibleShuffleSampler
     from ..run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
-    from ..tracking import RunHistory
+    from ..run_history import RunHistory
 
 
 class Stateful(Protocol):

@@ -578,7 +578,7 @@ def test_the_counter_catches_a_callback_reading_the_running_loss_every_step(tmp_
     steps_with_a_read = {read.batch for read in unexpected}
     assert len(steps_with_a_read) == batches - batches // EVERY  # every batch but the logged ones
     assert {(read.what, Path(read.where.split(":")[0]).name) for read in unexpected} == {
-        ("__float__", "tracking.py")
+        ("__float__", "run_history.py")
     }
     assert reads_at_unlogged_steps(counter.dispatch_reads)  # the same reads, seen at the ATen level
 
