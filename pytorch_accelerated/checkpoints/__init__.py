@@ -26,7 +26,7 @@ Training states (directories that hold everything needed to resume a run):
 
 Both kinds of checkpoint:
 
-- :mod:`.files`: single files: values made safe to load, atomic writes, loading that never runs
+- :mod:`.torch_files`: torch file I/O: values made safe to load, atomic writes, loading that never runs
   code from the file (``weights_only=True``).
 - :mod:`.model_files`: single-file checkpoints (``save_checkpoint`` / ``load_checkpoint``).
 - :mod:`.finite`: the check, at save time, that no NaN or infinite weights are written.

@@ -20,7 +20,7 @@ leaves either the previous state or the new one, never a half-written directory 
 complete. A save that fails removes its temporary directory (see :func:`remove_temporary`).
 
 Before anything is loaded, every file read is checked against the CRC-32 in the manifest (see
-:func:`.files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
+:func:`.torch_files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
 changed anywhere in a state is found. Manifests of version 1 (0.1.61-era and earlier versions
 of this library) have no checksums and are read unchecked.
 """
@@ -35,7 +35,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .files import Checksum, file_crc32, write_failure, write_torch_file
+from .torch_files import Checksum, file_crc32, write_failure, write_torch_file
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"
@@ -56,7 +56,7 @@ def make_temporary_dir(output_dir: Path) -> Path:
     """Create the empty hidden directory that a state for ``output_dir`` is written into.
 
     Raises:
-        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file).
+        torch_files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file).
     """
     temporary = temporary_dir_for(output_dir)
     try:
@@ -83,7 +83,7 @@ def remove_temporary(output_dir: Path) -> None:
 
 
 def write_file(obj: Any, path: Path) -> None:
-    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`.files.write_torch_file`)."""
+    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`.torch_files.write_torch_file`)."""
     write_torch_file(obj, path)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import files, finite, original_states, resume, settings_checks, sharded, state_checks
+from . import finite, original_states, resume, settings_checks, sharded, state_checks, torch_files
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
@@ -381,12 +381,12 @@ def trainer_state(
     # The history's epoch follows the saved position (older versions read it from here).
     history["current_epoch"] = run_state["history_first_epoch"] + position["epoch"]
     callbacks = {
-        key: files.to_safe_value(state, f"{key}.state_dict()")
+        key: torch_files.to_safe_value(state, f"{key}.state_dict()")
         for key, state in objects.callbacks.state_dict().items()
     }
     return {
         "progress": position,
-        "run_history": files.to_safe_value(history, "run_history"),
+        "run_history": torch_files.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
         **run_state,
         "run_settings": settings_checks.run_settings(objects),

@@ -16,7 +16,8 @@ from typing import Any
 from torch import nn
 
 from .._internal.distributed import ranks_where
-from . import collective_saves, files, finite, sharded, state_checks
+from . import collective_saves, finite, sharded, state_checks
+from .torch_files import atomic_torch_save, recorded_checksum, safe_torch_load, to_safe_value
 from .training_objects import TrainingObjects
 
 _RESERVED = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"}
@@ -46,7 +47,7 @@ def save_checkpoint(
     ``<save_path>.crc32``, and checked by :func:`load_checkpoint` before anything is loaded.
 
     Raises:
-        CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.files`)
+        CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.torch_files`)
             on every process when the file could not be written, naming it and the OS
             error; an earlier file at ``save_path`` is kept and no temporary file is left.
     """
@@ -56,7 +57,7 @@ def save_checkpoint(
         sharded.refuse_fsdp1_optimizer(accelerator, objects.optimizer, "save_checkpoint", "save_optimizer")
     source = objects.model if model is None else model
     finite.check_finite_before_save(objects, source, f"the checkpoint {str(save_path)!r}")
-    extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
+    extra = to_safe_value(dict(checkpoint_kwargs or {}))
     if reserved := _RESERVED & set(extra):
         raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
     writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
@@ -78,7 +79,7 @@ def save_checkpoint(
     checkpoint.update(extra)
     collective_saves.CollectiveSave(
         accelerator, "the checkpoint", Path(save_path), "an earlier file there is unchanged"
-    ).agree(collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None)
+    ).agree(collective_saves.attempt(atomic_torch_save, checkpoint, save_path) if writer else None)
 
 
 def load_checkpoint(
@@ -104,7 +105,7 @@ def load_checkpoint(
     optimizer, scheduler = objects.optimizer, objects.scheduler
     if load_optimizer:
         sharded.refuse_fsdp1_optimizer(objects.accelerator, optimizer, "load_checkpoint", "load_optimizer")
-    checkpoint = files.safe_torch_load(checkpoint_path, files.recorded_checksum(checkpoint_path, _FIX))
+    checkpoint = safe_torch_load(checkpoint_path, recorded_checksum(checkpoint_path, _FIX))
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
         raise ValueError(
             f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."

@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import files, finite, folder_lock, resume, settings_checks, sharded
+from . import finite, folder_lock, resume, settings_checks, sharded, torch_files
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -207,7 +207,7 @@ class TrainingStateStore:
         layout = layout_for_saving(objects.accelerator)
         layout.check_can_save(objects, output_dir, asynchronous)
         finite.check_finite_before_save(objects, objects.model, f"the training state {str(output_dir)!r}")
-        extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
+        extra = torch_files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
@@ -326,8 +326,8 @@ class TrainingStateStore:
             self.release()
         try:
             self._collective(job.output_dir).agree(cast(Exception | None, error))
-        except files.CheckpointWriteError as failure:
-            raise files.CheckpointWriteError(
+        except torch_files.CheckpointWriteError as failure:
+            raise torch_files.CheckpointWriteError(
                 failure.errno,
                 f"{failure.message} (It was being written in the background, after update step {step}; "
                 f"its error is raised at the next save, load or end of the run.)",
