@@ -21,7 +21,7 @@ The house, read top-down (each layer imports only the layers below it)::
     checkpoints/        store (TrainingStateStore: saving, waiting for, loading and resuming
                         training states), layouts (one class per kind of state directory:
                         plain, sharded, 0.1.x), training_objects (what a state saves), torch_files,
-                        directories, discovery, auto_resume, background, rng, finite, state_checks,
+                        directories, discovery, auto_resume, background, rng, finite, file_checks,
                         collective_saves, resume, reshard, sharded, original_states,
                         model_files (listed in the package's own docstring)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the

@@ -30,6 +30,6 @@ Both kinds of checkpoint:
   code from the file (``weights_only=True``).
 - :mod:`.model_files`: single-file checkpoints (``save_checkpoint`` / ``load_checkpoint``).
 - :mod:`.finite`: the check, at save time, that no NaN or infinite weights are written.
-- :mod:`.state_checks`: every file read and checked against its object before anything is loaded.
+- :mod:`.file_checks`: every file read and checked against its object before anything is loaded.
 - :mod:`.collective_saves`: which process writes what, and every process agreeing on the outcome.
 """

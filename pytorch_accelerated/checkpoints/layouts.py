@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import finite, original_states, resume, settings_checks, sharded, state_checks, torch_files
+from . import file_checks, finite, original_states, resume, settings_checks, sharded, torch_files
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
@@ -119,7 +119,7 @@ class PlainLayout(StateLayout):
         collective with some engines; only the writing process writes it."""
         # The plain model's keys, even compiled.
         return {
-            "model.pt": state_checks.without_compile_prefix(objects.accelerator.get_state_dict(objects.model))
+            "model.pt": file_checks.without_compile_prefix(objects.accelerator.get_state_dict(objects.model))
         }
 
     def files_to_write(
@@ -178,35 +178,35 @@ class PlainLayout(StateLayout):
     def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
         manifest = read_manifest(directory)
         if manifest is None:
-            raise state_checks.UnusableStateError(
+            raise file_checks.UnusableStateError(
                 manifest_problem(directory)
                 or f"{directory} is not a complete training state (its manifest is missing or unreadable)."
             )
         if manifest.get("finite") is False:
-            raise state_checks.UnusableStateError(
+            raise file_checks.UnusableStateError(
                 f"{directory} holds NaN or infinite weights (so its manifest records)."
             )
         model_state = self.read_weights(directory, manifest, objects)
         listed, targets = set(manifest.get("files", ())), objects.stateful()
         saved = {
-            name: state_checks.read_file(directory, name, manifest)
+            name: file_checks.read_file(directory, name, manifest)
             for name, target in targets.items()
             if name in listed and target is not None
         }
         for name, state in saved.items():
-            state_checks.check_object_state(targets[name], state, str(directory / name))
-        state = state_checks.read_file(directory, "trainer_state.pt", manifest)
+            file_checks.check_object_state(targets[name], state, str(directory / name))
+        state = file_checks.read_file(directory, "trainer_state.pt", manifest)
         where = directory / "trainer_state.pt"
-        state_checks.require_keys(
+        file_checks.require_keys(
             state,
             ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed"),
             where,
         )
-        state_checks.require_keys(
+        file_checks.require_keys(
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
-        state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
-        process_state = state_checks.read_process_state(
+        file_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        process_state = file_checks.read_process_state(
             directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
         )
         return LoadedState(
@@ -218,12 +218,12 @@ class PlainLayout(StateLayout):
     ) -> dict[str, Any]:
         """Read and check the whole model's state (it loads into a sharded run too)."""
         model = objects.plain_model()
-        model_state = state_checks.match_model_keys(
-            model, state_checks.read_file(directory, "model.pt", manifest)
+        model_state = file_checks.match_model_keys(
+            model, file_checks.read_file(directory, "model.pt", manifest)
         )
-        state_checks.check_model_state(model, model_state, str(directory))
+        file_checks.check_model_state(model, model_state, str(directory))
         if not finite.state_is_finite(model_state):
-            raise state_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
+            raise file_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
         return model_state
 
     def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
@@ -299,12 +299,12 @@ class OriginalLayout(StateLayout):
     def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
         saved = original_states.read_original_state(directory, objects.accelerator.process_index)
         model = objects.plain_model()
-        model_state = state_checks.match_model_keys(model, saved.model)
-        state_checks.check_model_state(model, model_state, str(directory))
+        model_state = file_checks.match_model_keys(model, saved.model)
+        file_checks.check_model_state(model, model_state, str(directory))
         targets = objects.stateful()
         states = {name: state for name, state in saved.objects.items() if targets.get(name) is not None}
         for name, state in states.items():
-            state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
+            file_checks.check_object_state(targets[name], state, f"{directory} ({name})")
         steps = objects.run_config.num_update_steps_per_epoch if objects.run_config is not None else None
         state = {
             "progress": {

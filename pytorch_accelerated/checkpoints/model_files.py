@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from .._internal.distributed import ranks_where
-from . import collective_saves, finite, sharded, state_checks
+from . import collective_saves, file_checks, finite, sharded
 from .torch_files import atomic_torch_save, recorded_checksum, safe_torch_load, to_safe_value
 from .training_objects import TrainingObjects
 
@@ -66,7 +66,7 @@ def save_checkpoint(
     everywhere = sharded.is_sharded(source) and any(rank > 0 for rank in ranks_where(accelerator, writer))
     # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
     checkpoint: dict[str, Any] = {
-        "model_state_dict": state_checks.without_compile_prefix(
+        "model_state_dict": file_checks.without_compile_prefix(
             sharded.full_model_state(accelerator, source, everywhere)
         )
     }
@@ -112,8 +112,8 @@ def load_checkpoint(
         )
     target = objects.plain_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
-    model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
-    state_checks.check_model_state(target, model_state, str(checkpoint_path))
+    model_state = file_checks.match_model_keys(target, checkpoint["model_state_dict"])
+    file_checks.check_model_state(target, model_state, str(checkpoint_path))
     # Absent states, and objects the trainer does not have (an evaluation-only Trainer), are skipped.
     wanted = {
         "optimizer_state_dict": (load_optimizer, optimizer),
@@ -125,7 +125,7 @@ def load_checkpoint(
         if load and obj is not None and checkpoint.get(key) is not None
     }
     for key, state in states.items():
-        state_checks.check_object_state(wanted[key][1], state, f"{checkpoint_path} ({key})")
+        file_checks.check_object_state(wanted[key][1], state, f"{checkpoint_path} ({key})")
     sharded.load_full_model_state(target, model_state)
     if "optimizer_state_dict" in states:
         sharded.load_full_optimizer_state(
