@@ -19,7 +19,7 @@ Training states (directories that hold everything needed to resume a run):
 - :mod:`.rng`: every random number generator of a process, captured and restored.
 - :mod:`.resume`: the position a state records, the run's settings checked against the saved
   ones, and the position restored; :mod:`.reshard`: the position mapped onto other settings.
-- :mod:`.settings_checks`: the run's settings a state records (training-set length, seed,
+- :mod:`.changed_settings`: the run's settings a state records (training-set length, seed,
   optimizer), compared on resume: refused or announced; the line a resume prints.
 - :mod:`.sharded`: sharded models (FSDP): their whole states, and their shards in training states.
 - :mod:`.original_states`: reading training states written by pytorch-accelerated 0.1.x.

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import file_checks, finite, original_states, resume, settings_checks, sharded, torch_files
+from . import changed_settings, file_checks, finite, original_states, resume, sharded, torch_files
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
@@ -92,12 +92,12 @@ class StateLayout(ABC):
             loaded.trainer_state,
             loaded.objects.get("optimizer.pt"),
         )
-        notices = settings_checks.check_training_set(
+        notices = changed_settings.check_training_set(
             objects, directory, state, loaded.manifest["batch_index"] > 0
         )
         mapped = resume.check_run_settings(objects, directory, loaded.manifest, state)
-        settings_checks.announce(
-            directory, notices + settings_checks.changes(objects, state, saved_optimizer)
+        changed_settings.announce(
+            directory, notices + changed_settings.changes(objects, state, saved_optimizer)
         )
         return mapped
 
@@ -389,7 +389,7 @@ def trainer_state(
         "run_history": torch_files.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
         **run_state,
-        "run_settings": settings_checks.run_settings(objects),
+        "run_settings": changed_settings.run_settings(objects),
         "checkpoint_kwargs": extra,
     }
 

@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import finite, folder_lock, resume, settings_checks, sharded, torch_files
+from . import changed_settings, finite, folder_lock, resume, sharded, torch_files
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -397,7 +397,7 @@ class TrainingStateStore:
         loaded = self._choose(objects, plan)
         self._restore(objects, loaded, resuming=True)
         if objects.accelerator.is_main_process:
-            line = settings_checks.resume_line(
+            line = changed_settings.resume_line(
                 objects, loaded.directory, plan.asked, loaded.trainer_state, auto=plan.auto
             )
             print_once_per_node(objects.accelerator, line)
@@ -415,7 +415,7 @@ class TrainingStateStore:
         the run history and the run's working state; ``resuming``: the run's settings are checked
         against the saved ones first, and a position saved on other settings is mapped onto them."""
         state = loaded.trainer_state
-        settings_checks.check_optimizer(objects, loaded.directory, state, loaded.objects.get("optimizer.pt"))
+        changed_settings.check_optimizer(objects, loaded.directory, state, loaded.objects.get("optimizer.pt"))
         mapped = loaded.layout.map_position(loaded, objects) if resuming else None
         loaded.layout.load(loaded, objects, resuming)
         resume.restore_position(objects, state, loaded.process_state)
