@@ -36,7 +36,7 @@ The house, read top-down (each layer imports only the layers below it)::
     step_metrics        StepMetrics: the loop's step-level metrics, no device read between points
     finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
-    _internal/          small helpers that are not public API: validation (argument checks),
+    _internal/          small helpers that are not public API: argument_checks (checks of arguments),
                         batch_loss (a batch taken apart, counted and its loss computed),
                         distributed (gathering, the Trainer's process methods), accumulation
                         (window weighting), intervals ("every N updates"), process_group (the

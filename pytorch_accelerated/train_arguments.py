@@ -12,7 +12,7 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
-from ._internal.validation import (
+from ._internal.argument_checks import (
     check_accumulation_supported,
     check_clipping_supported,
     check_collate_fn,

@@ -27,13 +27,7 @@ from . import prediction
 from ._internal import distributed
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import WindowWeighting, accumulation_windows
-from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
-from ._internal.distributed import mean_over_processes, print_once_per_node
-from ._internal.hangs import describe_position, explain_collective_failure
-from ._internal.launch_checks import check_every_process_joins
-from ._internal.preparation import Preparation
-from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
-from ._internal.validation import (
+from ._internal.argument_checks import (
     check_batch_output,
     check_callbacks,
     check_epoch_has_batches,
@@ -42,6 +36,12 @@ from ._internal.validation import (
     check_trainer_arguments,
     check_whole_number,
 )
+from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
+from ._internal.distributed import mean_over_processes, print_once_per_node
+from ._internal.hangs import describe_position, explain_collective_failure
+from ._internal.launch_checks import check_every_process_joins
+from ._internal.preparation import Preparation
+from ._internal.process_group import default_accelerator, destroy_process_group_at_exit
 from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     DEFAULT_CALLBACKS,
     CallbackHandler,

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.intervals import every
-from .._internal.validation import check_whole_number
 from ..checkpoints.finite import non_finite_loss_flag
 from ..data import batches_per_epoch
 from .events import StopTrainingError, TrainerCallback

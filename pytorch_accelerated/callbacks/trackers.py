@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.tracking import GeneralTracker
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.intervals import every
-from .._internal.validation import check_whole_number
 from .events import TrainerCallback
 from .tracker_registry import check_tracker, create_tracker, flush_tracker, tracker_state
 

@@ -1,6 +1,6 @@
 """Every count the package takes is checked by one function, with one wording.
 
-``_internal/validation.check_whole_number`` (and ``schedulers/base.check_int``, which delegates
+``_internal/argument_checks.check_whole_number`` (and ``schedulers/base.check_int``, which delegates
 to it) is the only check of whole-number arguments. Each place that uses it is listed in
 :data:`PLACES`: a bad value raises ``ValueError`` with the message
 ``"[Owner: ]name must be a whole number >= minimum[ or None], got value."``, a valid value
@@ -143,7 +143,7 @@ class Place:
     none_reaches_check: bool = True  # False where None means something else (WSD run length)
 
 
-VALIDATION = "_internal/validation.py"
+VALIDATION = "_internal/argument_checks.py"
 TRAIN_ARGUMENTS = "train_arguments.py"
 PLACES = [
     Place(
@@ -531,7 +531,7 @@ def _non_docstring_strings(tree: ast.AST) -> list[str]:
     ]
 
 
-def test_the_whole_number_wording_is_defined_only_in_internal_validation() -> None:
+def test_the_whole_number_wording_is_defined_only_in_the_argument_checks() -> None:
     sources = {
         path.relative_to(PACKAGE).as_posix(): path.read_text(encoding="utf-8")
         for path in PACKAGE.rglob("*.py")
