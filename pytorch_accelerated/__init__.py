@@ -8,7 +8,7 @@ The house, read top-down (each layer imports only the layers below it)::
                         (checkpoints/store), the preparation record; TrainerWithTimmScheduler
     train_arguments     TrainArguments: the arguments of one train() call, checked in one place,
                         with the per-device batch size of training that follows from them
-    loaders             RunLoaders: the run's data loaders, what they were made with, the seed
+    loaders             TrainerLoaders: the run's data loaders, what they were made with, the seed
     prediction          what predict does: outputs of every sample, in data-set order, exactly
                         once across processes
     callbacks/          events, dispatch and callback state (events), then one file per family

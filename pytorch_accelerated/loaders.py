@@ -1,7 +1,7 @@
-"""The data loaders of a Trainer's run: :class:`RunLoaders` (``trainer.loaders``) makes them from the
+"""The data loaders of a Trainer's run: :class:`TrainerLoaders` (``trainer.loaders``) makes them from the
 default arguments merged with the user's, remembers what they were made with and the run's seed,
 and holds them once prepared for distribution; it also tells the training loader the epoch and
-marks the padding batches (of zero rows) of an evaluation (:meth:`RunLoaders.eval_batches`).
+marks the padding batches (of zero rows) of an evaluation (:meth:`TrainerLoaders.eval_batches`).
 
 The Trainer's overridable methods decide what is made: ``get_default_*_dl_kwargs`` give the
 default ``DataLoader`` arguments and ``create_*_dataloader`` build the loaders through this part.
@@ -30,7 +30,7 @@ from .data import (
 )
 
 
-class RunLoaders:
+class TrainerLoaders:
     """The current run's data loaders and what they were made with.
 
     Attributes:

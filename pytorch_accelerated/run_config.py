@@ -7,7 +7,7 @@
 - :class:`LoopState`: the loop's own working state (running losses, accumulation weighting, step
   metrics, the epoch's phase).
 
-The training loader's shuffle sampler is the loaders' (:class:`~.loaders.RunLoaders`), and the exit
+The training loader's shuffle sampler is the loaders' (:class:`~.loaders.TrainerLoaders`), and the exit
 code of a stop by a signal travels with its :class:`~.callbacks.StopTrainingError`.
 """
 

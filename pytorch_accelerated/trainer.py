@@ -67,7 +67,7 @@ from .data import (
     check_stream_gave_batches,
     prepare_eval_dataloader,
 )
-from .loaders import RunLoaders
+from .loaders import TrainerLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
 from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
@@ -128,7 +128,7 @@ class Trainer:
         if env_limit is not None:
             self.print(env_limit.announcement())
         # The parts, each with its own state (loaders; what was prepared; training states).
-        self.loaders = RunLoaders(self._accelerator)
+        self.loaders = TrainerLoaders(self._accelerator)
         self._preparation = Preparation(self._accelerator)
         self.state_store = TrainingStateStore(self._accelerator)
         self.scheduler: Any = None

@@ -224,13 +224,13 @@ def test_the_house_test_finds_a_circle_where_there_is_one() -> None:
 
 def test_the_trainer_has_no_base_class_and_holds_its_parts() -> None:
     from pytorch_accelerated.checkpoints.store import TrainingStateStore
-    from pytorch_accelerated.loaders import RunLoaders
+    from pytorch_accelerated.loaders import TrainerLoaders
     from pytorch_accelerated.trainer import Trainer
 
     assert Trainer.__bases__ == (object,)
     source = (PACKAGE / "trainer.py").read_text()
-    assert "self.loaders = RunLoaders(" in source and "self.state_store = TrainingStateStore(" in source
-    assert RunLoaders.__bases__ == TrainingStateStore.__bases__ == (object,)
+    assert "self.loaders = TrainerLoaders(" in source and "self.state_store = TrainingStateStore(" in source
+    assert TrainerLoaders.__bases__ == TrainingStateStore.__bases__ == (object,)
 
 
 def test_no_module_keeps_state_keyed_by_trainer_or_run_in_module_globals() -> None:
