@@ -409,12 +409,18 @@ class Trainer:
         max_grad_norm: float | None = None,
     ) -> TrainerRunConfig:
         """Return the frozen :class:`TrainerRunConfig` for this run."""
-        settings = {name: value for name, value in locals().items() if name != "self"}
         return TrainerRunConfig.for_run(
             self._accelerator,
             num_batches_per_epoch=batches_per_epoch(self.loaders.train),
+            per_device_batch_size=per_device_batch_size,
+            num_epochs=num_epochs,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            max_num_train_steps=max_num_train_steps,
+            gradient_clip_value=gradient_clip_value,
+            max_grad_norm=max_grad_norm,
+            train_dl_kwargs=train_dl_kwargs,
+            eval_dl_kwargs=eval_dl_kwargs,
             seed=self.loaders.seed,
-            **settings,
         )
 
     def create_scheduler(self) -> Any:

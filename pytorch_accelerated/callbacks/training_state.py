@@ -17,8 +17,8 @@ from .._internal.intervals import every
 from .._internal.launch_checks import torchrun_restarts_left
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
-from ..checkpoints.directories import MANIFEST, read_manifest
-from ..checkpoints.discovery import list_complete_states
+from ..checkpoints.directories import read_manifest
+from ..checkpoints.discovery import list_complete_states, save_order
 from ..checkpoints.finite import NonFiniteStateError
 from .events import CallbackHandler, StopTrainingError, TrainerCallback
 
@@ -347,7 +347,7 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     versions, without that key, and states marked ``"finite": false`` may be deleted, but they
     never make rotation delete the newest finite one, even when they are newer.
     """
-    states = sorted((path for _, path in list_complete_states(save_dir)), key=_save_order)  # oldest first
+    states = sorted((path for _, path in list_complete_states(save_dir)), key=save_order)  # oldest first
     finite = [
         path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True
     ]
@@ -355,16 +355,6 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     # the oldest unprotected states, as many as there are states beyond ``keep``
     for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _save_order(state: Path) -> tuple[int, int]:
-    """The run's update step of a complete state, then the time its manifest was written."""
-    manifest = read_manifest(state) or {}
-    try:
-        written = (state / MANIFEST).stat().st_mtime_ns
-    except OSError:
-        written = 0
-    return int(manifest.get("run_step", manifest.get("global_step", 0))), written
 
 
 def auto_resume_folder(callback_handler: CallbackHandler) -> Path:

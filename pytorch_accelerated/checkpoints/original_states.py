@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from . import torch_files
+from .rng import numpy_state_dict
 
 METADATA = "trainer_metadata.pt"
 
@@ -141,12 +142,5 @@ def _to_our_rng_layout(saved: dict[str, Any]) -> dict[str, Any]:
     if "torch_cuda_manual_seed" in saved:
         states["cuda"] = saved["torch_cuda_manual_seed"]
     if "numpy_random_seed" in saved:
-        kind, keys, position, has_gauss, cached = saved["numpy_random_seed"]
-        states["numpy"] = {
-            "kind": kind,
-            "keys": torch.as_tensor(keys.astype("int64")),
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
+        states["numpy"] = numpy_state_dict(saved["numpy_random_seed"])
     return states
