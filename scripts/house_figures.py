@@ -127,6 +127,17 @@ def import_graph(package: Path, run_time: bool = False) -> dict[str, set[str]]:
     return graph
 
 
+def unit_imports(package: Path) -> dict[str, set[str]]:
+    """At run time, the other top-level modules and subpackages (by name: ``data``, ``callbacks``) that
+    each top-level module or subpackage of ``package`` imports; ``(package)`` is the package itself."""
+    graph = import_graph(package, run_time=True)
+    unit = {module: (module.split(".") + ["(package)"])[1] for module in graph}
+    imports: dict[str, set[str]] = {name: set() for name in unit.values()}
+    for module, targets in graph.items():
+        imports[unit[module]] |= {unit[target] for target in targets} - {unit[module]}
+    return imports
+
+
 def names_the_trainer_by_design(module: str) -> bool:
     return module in NAME_THE_TRAINER_BY_DESIGN or module.startswith("pytorch_accelerated.callbacks")
 

@@ -164,6 +164,29 @@ def test_no_module_reaches_into_private_names_of_the_trainer_or_other_modules() 
     assert reaching == []
 
 
+UNIT_IMPORTS = house_figures.unit_imports(PACKAGE)
+
+
+def test_the_package_docstring_lists_the_modules_so_that_each_imports_only_those_below_it() -> None:
+    # At run time; "callbacks/" stands for the subpackage.
+    listed = re.findall(r"^    (\w+)/?  ", pytorch_accelerated.__doc__ or "", flags=re.M)
+    assert sorted(listed) == sorted(name for name in UNIT_IMPORTS if name != "(package)")
+    upward = [
+        f"{name} imports {target}"
+        for name in listed
+        for target in sorted(UNIT_IMPORTS[name])
+        if listed.index(target) < listed.index(name)
+    ]
+    assert upward == []
+
+
+def test_the_architecture_page_says_what_each_module_imports_at_run_time() -> None:
+    page = (REPOSITORY / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(\w+)/?` \|[^|]+\|([^|]*)\|$", page, flags=re.M)
+    table = {name: set(re.findall(r"`(\w+)`", imports)) for name, imports in rows}
+    assert table == {name: targets for name, targets in UNIT_IMPORTS.items() if name != "(package)"}
+
+
 def test_the_package_docstring_maps_every_module_and_subpackage() -> None:
     docstring = pytorch_accelerated.__doc__ or ""
     top_level = {path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
