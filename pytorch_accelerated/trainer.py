@@ -815,6 +815,8 @@ class Trainer:
         limit = self.run_config.train_steps_limit if self.run_config else None
         return limit is not None and self.progress.global_step >= limit
 
+    # ------------------------------------------------------------------ the hooks and steps (overridable)
+
     def training_run_start(self) -> None:
         """Called at the start of :meth:`train`, before ``on_training_run_start``."""
 
