@@ -8,8 +8,8 @@ that calls them. docs/architecture.md draws the same map::
                         starts and ends, the loop, one method per ML step, the process utilities,
                         the checkpoint methods); it holds its parts: loaders, state_store
                         (checkpoints/store), the preparation record; TrainerWithTimmScheduler
-    train_arguments     TrainArguments: the arguments of one train() call, checked in one place,
-                        with the per-device batch size of training that follows from them
+    train_arguments     TrainArguments: the arguments of one train() call, frozen, with the
+                        per-device batch size of training that follows from them
     loaders             TrainerLoaders: the run's data loaders, what they were made with, the seed,
                         the shuffle sampler
     prediction          what predict does: outputs of every sample, in data-set order, exactly

@@ -33,6 +33,7 @@ from ._internal.argument_checks import (
     check_epoch_has_batches,
     check_evaluate_arguments,
     check_something_left_to_train,
+    check_train_arguments,
     check_trainer_arguments,
     check_whole_number,
 )
@@ -204,7 +205,7 @@ class Trainer:
             max_grad_norm=max_grad_norm,
             seed=seed,
         )
-        arguments.check(self._accelerator, self.model, self.optimizer)
+        check_train_arguments(self._accelerator, self.model, self.optimizer, arguments)
         self._train(arguments)
 
     def _train(self, arguments: TrainArguments) -> None:

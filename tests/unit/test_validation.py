@@ -144,14 +144,11 @@ class Place:
 
 
 VALIDATION = "_internal/argument_checks.py"
-TRAIN_ARGUMENTS = "train_arguments.py"
 PLACES = [
-    Place(
-        "train-num_epochs", TRAIN_ARGUMENTS, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)
-    ),
+    Place("train-num_epochs", VALIDATION, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)),
     Place(
         "train-per_device_batch_size",
-        TRAIN_ARGUMENTS,
+        VALIDATION,
         "",
         "per_device_batch_size",
         1,
@@ -162,7 +159,7 @@ PLACES = [
     ),
     Place(
         "train-gradient_accumulation_steps",
-        TRAIN_ARGUMENTS,
+        VALIDATION,
         "",
         "gradient_accumulation_steps",
         1,
@@ -173,7 +170,7 @@ PLACES = [
     ),
     Place(
         "train-max_num_train_steps",
-        TRAIN_ARGUMENTS,
+        VALIDATION,
         "",
         "max_num_train_steps",
         1,
