@@ -106,8 +106,9 @@ class Resumed(dict[str, Any]):
     events have fired (:meth:`restore_after_start`).
 
     Attributes:
-        directory: the state resumed.
-        callback_states: the callbacks' states (None: the state holds none, as 0.1.x's).
+        directory: the state loaded.
+        state: its ``trainer_state.pt``: the callbacks' states (``callbacks``; None in 0.1.x's) and
+            what the resume's line reports (``epoch_trained``).
         rng_states: this process's RNG states (None: not restorable).
     """
 
@@ -115,29 +116,22 @@ class Resumed(dict[str, Any]):
         self,
         returned: dict[str, Any],
         directory: Path,
-        callback_states: dict[str, Any] | None,
+        state: dict[str, Any],
         rng_states: dict[str, Any] | None,
     ) -> None:
         super().__init__(returned)
-        self.directory, self.callback_states, self.rng_states = directory, callback_states, rng_states
+        self.directory, self.state, self.rng_states = directory, state, rng_states
 
     def restore_after_start(self, callbacks: Stateful) -> None:
-        """Restore the callback states, then the RNGs: after ``on_training_run_start`` (callbacks set
+        """Restore the callbacks' states, then the RNGs: after ``on_training_run_start`` (callbacks set
         themselves up there; their saved state goes in after), last of all, once nothing else can
         draw from the RNGs."""
-        restore_callbacks_and_rngs(callbacks, self.callback_states, self.rng_states)
-
-
-def restore_callbacks_and_rngs(
-    callbacks: Stateful, callback_states: dict[str, Any] | None, rng_states: dict[str, Any] | None
-) -> None:
-    """Restore the callbacks' states (None: none saved), then the RNGs (None: not restorable)."""
-    if callback_states is not None:
-        callbacks.load_state_dict(callback_states)
-    if rng_states is not None:
-        restore_rng_states(rng_states)
-        if RESEED_KEY in rng_states:  # a rank that saved no RNG states: its own stream
-            set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(rng_states[RESEED_KEY]))
+        if self.state["callbacks"] is not None:
+            callbacks.load_state_dict(self.state["callbacks"])
+        if self.rng_states is not None:
+            restore_rng_states(self.rng_states)
+            if RESEED_KEY in self.rng_states:  # a rank that saved no RNG states: its own stream
+                set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(self.rng_states[RESEED_KEY]))
 
 
 def position_to_save(objects: TrainingObjects) -> dict[str, int]:

@@ -43,7 +43,7 @@ from .directories import (
     write_manifest,
 )
 from .layouts import LoadedState, PlainLayout, layout_for_saving, layout_of
-from .resume import Resumed, ResumePlan, restore_callbacks_and_rngs
+from .resume import Resumed, ResumePlan
 from .training_objects import TrainingObjects
 
 if TYPE_CHECKING:
@@ -379,12 +379,9 @@ class TrainingStateStore:
         """
         if isinstance(input_dir, ResumePlan):
             return self.resume(objects, input_dir)
-        self.wait()  # a state still being written in the background
-        loaded = self._choose(objects, ResumePlan.of(input_dir))
-        self._restore(objects, loaded, resuming=False)
-        process_state = loaded.process_state
-        restore_callbacks_and_rngs(objects.callbacks, loaded.trainer_state["callbacks"], process_state["rng"])
-        return {"current_epoch": loaded.saved_epoch, **loaded.trainer_state["checkpoint_kwargs"]}
+        loaded = self._load(objects, ResumePlan.of(input_dir), resuming=False)
+        loaded.restore_after_start(objects.callbacks)  # at once: no run is starting
+        return dict(loaded)
 
     def resume(self, objects: TrainingObjects, plan: ResumePlan) -> Resumed:
         """Resume the run from the first state of ``plan`` that passes every check: the run's settings
@@ -393,27 +390,21 @@ class TrainingStateStore:
         and one line printed (naming the run when ``plan`` was chosen by ``resume_from="auto"``); the
         callbacks' and RNGs' states are returned, to restore once the run's start events have fired
         (:meth:`.Resumed.restore_after_start`)."""
-        self.wait()  # a state still being written in the background
-        loaded = self._choose(objects, plan)
-        self._restore(objects, loaded, resuming=True)
+        resumed = self._load(objects, plan, resuming=True)
         if objects.accelerator.is_main_process:
             line = changed_settings.resume_line(
-                objects, loaded.directory, plan.asked, loaded.trainer_state, auto=plan.auto
+                objects, resumed.directory, plan.asked, resumed.state, plan.auto
             )
             print_once_per_node(objects.accelerator, line)
-        state = loaded.trainer_state
-        return Resumed(
-            {"current_epoch": loaded.saved_epoch, **state["checkpoint_kwargs"]},
-            loaded.directory,
-            state["callbacks"],
-            loaded.process_state["rng"],
-        )
+        return resumed
 
-    @staticmethod
-    def _restore(objects: TrainingObjects, loaded: LoadedState, resuming: bool) -> None:
-        """Load the checked state ``loaded``: the weights and the objects saved whole, the position,
-        the run history and the run's working state; ``resuming``: the run's settings are checked
-        against the saved ones first, and a position saved on other settings is mapped onto them."""
+    def _load(self, objects: TrainingObjects, plan: ResumePlan, resuming: bool) -> Resumed:
+        """Load the first state of ``plan`` that passes every check: the weights and the objects saved
+        whole, the position, the run history and the run's working state; ``resuming``: the run's
+        settings are checked against the saved ones first, and a position saved on other settings is
+        mapped onto them."""
+        self.wait()  # a state still being written in the background
+        loaded = self._choose(objects, plan)
         state = loaded.trainer_state
         changed_settings.check_optimizer(objects, loaded.directory, state, loaded.objects.get("optimizer.pt"))
         mapped = loaded.layout.map_position(loaded, objects) if resuming else None
@@ -421,6 +412,8 @@ class TrainingStateStore:
         resume.restore_position(objects, state, loaded.process_state)
         if resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
+        returned = {"current_epoch": loaded.saved_epoch, **state["checkpoint_kwargs"]}
+        return Resumed(returned, loaded.directory, state, loaded.process_state["rng"])
 
     def _choose(self, objects: TrainingObjects, plan: ResumePlan) -> LoadedState:
         """Read and check the first state of ``plan`` that passes every check, agreeing across processes.
