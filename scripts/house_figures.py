@@ -296,6 +296,7 @@ def folder_listings_of_an_auto_resume(root: Path) -> int:
         run = subprocess.run(
             [sys.executable, "-c", AUTO_RESUME_LISTINGS, str(Path(folder) / "states")],
             env={**os.environ, "PYTHONPATH": str(root)},
+            cwd=root,  # python -c puts the working directory first on sys.path
             capture_output=True,
             text=True,
             timeout=300,
