@@ -28,6 +28,7 @@ import tempfile
 import textwrap
 import tokenize
 from pathlib import Path
+from typing import Any
 
 TRAINER = "pytorch_accelerated.trainer"
 #: Besides the callbacks (the Trainer's observers), the module that names the Trainer by design: the
@@ -229,34 +230,44 @@ def functions_taking_the_trainer(sources: dict[str, str]) -> list[str]:
     return found
 
 
-def string_keyed_lookups(sources: dict[str, str]) -> list[str]:
-    """``arguments["..."]``: a run's arguments read back from a dict by name."""
+def _expressions(sources: dict[str, str], wanted: Any) -> list[str]:
+    """``module:line expression`` of every node of ``sources`` for which ``wanted(node)`` is true."""
     return [
         f"{name}:{node.lineno} {ast.unparse(node)}"
         for name, source in sources.items()
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Subscript)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "arguments"
-        and isinstance(node.slice, ast.Constant)
-        and isinstance(node.slice.value, str)
+        if wanted(node)
     ]
+
+
+def string_keyed_lookups(sources: dict[str, str]) -> list[str]:
+    """``arguments["..."]``: a run's arguments read back from a dict by name."""
+    return _expressions(
+        sources,
+        lambda node: (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "arguments"
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        ),
+    )
 
 
 def batch_size_derivations(sources: dict[str, str]) -> list[str]:
     """Places that work out an effective per-device batch size from loader arguments:
     ``kwargs.get("batch_size") or default``."""
-    return [
-        f"{name}:{node.lineno} {ast.unparse(node)}"
-        for name, source in sources.items()
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.BoolOp)
-        and isinstance(node.op, ast.Or)
-        and isinstance(node.values[0], ast.Call)
-        and isinstance(node.values[0].func, ast.Attribute)
-        and node.values[0].func.attr == "get"
-        and [ast.unparse(argument) for argument in node.values[0].args[:1]] == ["'batch_size'"]
-    ]
+    return _expressions(
+        sources,
+        lambda node: (
+            isinstance(node, ast.BoolOp)
+            and isinstance(node.op, ast.Or)
+            and isinstance(node.values[0], ast.Call)
+            and isinstance(node.values[0].func, ast.Attribute)
+            and node.values[0].func.attr == "get"
+            and [ast.unparse(argument) for argument in node.values[0].args[:1]] == ["'batch_size'"]
+        ),
+    )
 
 
 #: Saves a state, then resumes it with ``resume_from="auto"``, counting the listings of the folder.
