@@ -68,7 +68,11 @@ def make_trainer(run: str, save_dir: str | os.PathLike | None = None, markers: A
     """The Trainer of ``run`` (one of :data:`RUNS`), saving states into ``save_dir`` (None: none)."""
     model = make_model()
     saver = (
-        [SaveTrainingStateCallback(str(save_dir), save_every_n_steps=rw.SAVE_EVERY_N_STEPS, save_every_n_epochs=1)]
+        [
+            SaveTrainingStateCallback(
+                str(save_dir), save_every_n_steps=rw.SAVE_EVERY_N_STEPS, save_every_n_epochs=1
+            )
+        ]
         if save_dir is not None
         else []
     )
