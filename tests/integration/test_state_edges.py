@@ -85,7 +85,7 @@ def test_gradual_unfreezing_killed_after_the_unfreezing_resumes_with_the_backbon
     assert difference == 0.0, f"the resumed weights differ from the uninterrupted run's by up to {difference}"
 
 
-@pytest.mark.parametrize("name", ["ema-after-save", "ema-before-save"])
+@pytest.mark.parametrize("name", ["ema-then-save", "save-then-ema"])
 def test_ema_resumed_after_a_kill_equals_the_uninterrupted_ema_whichever_callback_is_listed_first(
     killed: dict[str, Path], name: str
 ) -> None:

@@ -13,7 +13,7 @@ accumulation 2: 9 updates per epoch; a state every 4 updates and after every epo
 - ``unfreeze``: gradual unfreezing. The script freezes every layer group but the head
   (``ModelFreezer(model).freeze()``), and a callback unfreezes the rest when epoch 2 starts
   (``if epoch == 2``); the optimizer holds every parameter (frozen ones get no gradient).
-- ``ema-after-save`` / ``ema-before-save``: a ``ModelEmaCallback`` listed after (or before) the
+- ``ema-then-save`` / ``save-then-ema``: a ``ModelEmaCallback`` listed before (or after) the
   ``SaveTrainingStateCallback``.
 
 After each update the run prints ``STEP <global step>`` (after that update's save); with
@@ -41,7 +41,7 @@ from pytorch_accelerated.finetuning import ModelFreezer
 from tests.integration.workers import resume_worker as rw
 
 NUM_EPOCHS = 4
-RUNS = ("unfreeze", "ema-after-save", "ema-before-save")
+RUNS = ("unfreeze", "ema-then-save", "save-then-ema")
 UNFREEZE_AT_EPOCH = 2
 
 
@@ -83,7 +83,7 @@ def make_trainer(run: str, save_dir: str | os.PathLike | None = None, markers: A
         extra = [UnfreezeAtEpoch(freezer, UNFREEZE_AT_EPOCH), *saver]
     else:
         ema = ModelEmaCallback(decay=0.9, evaluate_during_training=False, save_path=None)
-        extra = [ema, *saver] if run == "ema-after-save" else [*saver, ema]
+        extra = [ema, *saver] if run == "ema-then-save" else [*saver, ema]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.01)
     callbacks = [*get_default_callbacks(progress_bar=False), *extra, *([markers] if markers else [])]
     return Trainer(model, nn.MSELoss(), optimizer, callbacks=callbacks)
@@ -94,7 +94,7 @@ def train(trainer: Trainer, resume_from: str | os.PathLike | None = None) -> Non
 
 
 def ema_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The EMA copy's weights of an ``ema-*`` run."""
+    """The EMA copy's weights of an EMA run (``ema-then-save`` or ``save-then-ema``)."""
     ema = trainer.callback_handler.get_callback(ModelEmaCallback)
     return {name: value.detach().clone() for name, value in ema.ema_model.module.state_dict().items()}
 
