@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import signal
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,7 +17,7 @@ from .._internal.launch_checks import torchrun_restarts_left
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
-from ..checkpoints.directories import MANIFEST, read_manifest
+from ..checkpoints.directories import MANIFEST, read_manifest, remove_entry
 from ..checkpoints.discovery import list_complete_states
 from ..checkpoints.finite import NonFiniteStateError
 from .events import STATE_SAVES_ORDER, CallbackHandler, StopTrainingError, TrainerCallback
@@ -360,7 +360,8 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     protected = {just_saved, *finite[-1:]}
     # the oldest unprotected states, as many as there are states beyond ``keep``
     for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
-        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a state that cannot be removed is kept, and tried again later
+            remove_entry(path)  # a linked state: the link, never what it points to
 
 
 def _save_order(state: Path) -> tuple[int, int]:

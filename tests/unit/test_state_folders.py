@@ -107,7 +107,7 @@ def test_a_hidden_incomplete_entry_that_is_not_a_directory_is_removed_and_said_s
         if kind == "dangling link":
             shutil.rmtree(junk)
     trained(SaveTrainingStateCallback(folder, save_every_n_steps=1))
-    assert f"Removed the half-written states of killed saves in {folder}: .step_1.incomplete" in (
+    assert f"Removed the half-written states of killed saves in {folder}: .step_1.incomplete\n" in (
         capsys.readouterr().out
     )
     assert sorted(path.name for path in folder.iterdir()) == ["final", "step_1", "step_2"]
@@ -122,7 +122,7 @@ def immutable(path: Path) -> bool:
     return subprocess.run(["chattr", "+i", str(path)], capture_output=True, timeout=30).returncode == 0
 
 
-def test_a_leftover_that_cannot_be_removed_is_named_as_such_never_as_removed(
+def test_a_leftover_that_cannot_be_removed_gets_a_warning_naming_it_and_is_never_said_removed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "states"
@@ -133,16 +133,17 @@ def test_a_leftover_that_cannot_be_removed_is_named_as_such_never_as_removed(
     if not immutable(stuck / "model.pt"):
         pytest.skip("chattr +i is not available here (it needs root and a file system that supports it)")
     try:
-        trained(SaveTrainingStateCallback(folder, save_every_n_steps=1))
+        with pytest.warns(UserWarning) as caught:
+            trained(SaveTrainingStateCallback(folder, save_every_n_steps=1))
         out = capsys.readouterr().out
     finally:
         subprocess.run(["chattr", "-i", str(stuck / "model.pt")], check=True, timeout=30)
     assert f"Removed the half-written states of killed saves in {folder}: .step_1.incomplete\n" in out
-    assert (
-        f"Could not remove {stuck}, the half-written state of a killed save: [Errno 1] Operation not permitted"
-        in out
+    [message] = [str(w.message) for w in caught if str(w.message).startswith("Could not remove")]
+    assert message == (
+        f"Could not remove {stuck}, the half-written state of a killed save: Operation not permitted "
+        f"(errno 1). Remove it by hand; it is never taken for a state."
     )
-    assert "Remove it by hand; it is never taken for a state." in out
     assert sorted(path.name for path in folder.iterdir()) == [
         ".step_5.incomplete",
         "final",
@@ -150,3 +151,49 @@ def test_a_leftover_that_cannot_be_removed_is_named_as_such_never_as_removed(
         "step_2",
     ]
     assert os.path.isdir(stuck)
+
+
+def test_a_save_over_a_regular_file_of_the_state_s_name_is_refused_and_the_file_kept(tmp_path: Path) -> None:
+    trainer = trained()
+    (tmp_path / "final").write_text("a file of mine")
+    with pytest.raises(OSError) as raised:
+        trainer.save_training_state(tmp_path / "final")
+    assert str(raised.value) == (
+        f"Could not save the training state to {tmp_path / 'final'}: {tmp_path / 'final'} is a file, not a "
+        f"training state, and publishing the state there would replace it; move it away, or save the state "
+        f"under another name. Nothing was written; the previous states are intact. Check the path and the "
+        f"file system."
+    )
+    assert (tmp_path / "final").read_text() == "a file of mine"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["final"]
+
+
+def test_a_replaced_state_that_cannot_be_removed_leaves_the_new_state_published_and_names_the_leftover(
+    tmp_path: Path,
+) -> None:
+    trainer = trained()
+    trainer.save_training_state(tmp_path / "final")
+    if not immutable(tmp_path / "final" / "model.pt"):
+        pytest.skip("chattr +i is not available here (it needs root and a file system that supports it)")
+    aside = tmp_path / ".final.replaced"
+    try:
+        with pytest.warns(UserWarning) as caught:
+            trainer.save_training_state(tmp_path / "final")
+        published = read_manifest(tmp_path / "final")
+        with pytest.raises(OSError) as raised:
+            trainer.save_training_state(tmp_path / "final")
+    finally:
+        subprocess.run(["chattr", "-i", str(aside / "model.pt")], check=True, timeout=30)
+    assert published is not None  # the new state is in place
+    [message] = [str(w.message) for w in caught if str(w.message).startswith("Published")]
+    assert message == (
+        f"Published {tmp_path / 'final'}, but the state it replaced, moved aside to {aside}, could not be "
+        f"removed: Operation not permitted (errno 1). Remove it by hand (it is never taken for a state while "
+        f"{tmp_path / 'final'} exists); the next save of that name fails until then."
+    )
+    assert str(raised.value) == (
+        f"Could not save the training state to {tmp_path / 'final'}: Operation not permitted (errno 1) while "
+        f"removing {aside}, an earlier state of that name that an earlier save moved aside; remove it by hand. "
+        f"Nothing was written; the previous states are intact. Make the folder writable or choose another one."
+    )
+    assert read_manifest(tmp_path / "final") == published
