@@ -54,6 +54,17 @@ def test_a_state_records_the_names_of_the_frozen_parameters(tmp_path: Path) -> N
     assert saved["frozen_parameters"] == ["0.weight", "0.bias"]
 
 
+def test_a_state_saved_in_the_background_records_them_as_they_were_when_it_was_copied(tmp_path: Path) -> None:
+    trainer = trainer_with()
+    ModelFreezer(trainer.model).freeze()
+    train(trainer)
+    trainer.save_training_state(tmp_path / "state", asynchronous=True)
+    trainer.get_model().requires_grad_(True)  # changed while the state is written: not what it holds
+    trainer.wait_for_training_state()
+    saved = torch.load(tmp_path / "state" / "trainer_state.pt", weights_only=True)
+    assert saved["frozen_parameters"] == ["0.weight", "0.bias"]
+
+
 def test_loading_a_state_by_hand_sets_requires_grad_as_saved_without_a_warning(tmp_path: Path) -> None:
     state = saved_with_backbone_frozen(tmp_path / "states")
     trainer = trainer_with()  # everything trainable
