@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterable
@@ -360,8 +359,8 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     protected = {just_saved, *finite[-1:]}
     # the oldest unprotected states, as many as there are states beyond ``keep``
     for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
-        with contextlib.suppress(OSError):  # a state that cannot be removed is kept, and tried again later
-            remove_entry(path)  # a linked state: the link, never what it points to
+        # A linked state: the link, never what it points to. One that cannot be removed is tried again later.
+        remove_entry(path, ignore_errors=True)
 
 
 def _save_order(state: Path) -> tuple[int, int]:

@@ -58,17 +58,23 @@ def temporary_dir_for(output_dir: Path) -> Path:
     return output_dir.parent / f".{output_dir.name}.incomplete"
 
 
-def remove_entry(path: Path) -> None:
+def remove_entry(path: Path, ignore_errors: bool = False) -> None:
     """Remove ``path`` whatever it is: a directory with everything in it, or a file, or a symbolic
     link (the link only, never what it points to); nothing when there is nothing there.
+    ``ignore_errors``: remove what can be removed and say nothing (as ``shutil.rmtree`` does), for
+    clean-ups that several processes may run at once.
 
     Raises:
-        OSError: when it cannot be removed.
+        OSError: when it cannot be removed (unless ``ignore_errors``).
     """
     if path.is_symlink() or path.is_file():
-        path.unlink()
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            if not ignore_errors:
+                raise
     elif path.is_dir():
-        shutil.rmtree(path)
+        shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def _reason(error: OSError) -> str:
@@ -121,8 +127,8 @@ def remove_leftover_temporaries(folder: Path) -> list[str]:
 
 def remove_temporary(output_dir: Path) -> None:
     """Remove what a failed save of ``output_dir`` left behind (nothing if it left nothing)."""
-    with contextlib.suppress(OSError):  # what cannot be removed is said by the save's error
-        remove_entry(temporary_dir_for(output_dir))
+    # Every process may run this at once; what cannot be removed is said by the save's error.
+    remove_entry(temporary_dir_for(output_dir), ignore_errors=True)
 
 
 def write_file(obj: Any, path: Path) -> None:

@@ -110,7 +110,7 @@ class TrainableParameters:
         return (
             f"Resuming {self.directory}: requires_grad restored as saved for {len(changed)} parameter(s): "
             + "; ".join(parts)
-            + ". A resumed run trains the parameters its state trained (a callback that unfroze them in an "
+            + ". A resumed run trains the parameters its state trained (a callback that changed them in an "
             "earlier epoch does not run again); to train others, set requires_grad once the run has resumed, "
             "e.g. in a callback's on_train_epoch_start (docs: 'Frozen parameters')."
         )
