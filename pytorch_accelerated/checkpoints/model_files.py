@@ -106,12 +106,7 @@ def load_checkpoint(
     optimizer, scheduler = objects.optimizer, objects.scheduler
     if load_optimizer:
         sharded.refuse_fsdp1_optimizer(objects.accelerator, optimizer, "load_checkpoint", "load_optimizer")
-    checksum = files.recorded_checksum(checkpoint_path, _FIX)
-    checkpoint = files.safe_torch_load(checkpoint_path, checksum)
-    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-        raise ValueError(
-            f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
-        )
+    checkpoint, verified = _read(checkpoint_path)
     target = objects.plain_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
     model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
@@ -135,9 +130,21 @@ def load_checkpoint(
         )
     if "scheduler_state_dict" in states:
         scheduler.load_state_dict(states["scheduler_state_dict"])
-    if checksum is None and objects.accelerator.is_local_main_process:  # once per machine
+    if not verified and objects.accelerator.is_local_main_process:  # once per machine
         warnings.warn(_unverified(Path(checkpoint_path)), stacklevel=3)
     return checkpoint
+
+
+def _read(checkpoint_path: str | os.PathLike) -> tuple[dict[str, Any], bool]:
+    """The dict of a file written by ``save_checkpoint``, and whether its bytes were checked (against
+    the CRC-32 in its ``.crc32``: a file without one is read unchecked)."""
+    checksum = files.recorded_checksum(checkpoint_path, _FIX)
+    checkpoint = files.safe_torch_load(checkpoint_path, checksum)
+    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
+        raise ValueError(
+            f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
+        )
+    return checkpoint, checksum is not None
 
 
 def _unverified(path: Path) -> str:
