@@ -32,7 +32,7 @@ from .defaults import (
 )
 from .ema import ModelEmaCallback
 from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
-from .events import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
+from .events import STATE_SAVES_ORDER, TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
 from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
 from .plotting import PlotRunCallback
@@ -69,6 +69,7 @@ DEFAULT_CALLBACKS = get_default_callbacks()
 
 __all__ = [
     "TRAINER_EVENTS",
+    "STATE_SAVES_ORDER",
     "TrainerCallback",
     "CallbackHandler",
     "StopTrainingError",
