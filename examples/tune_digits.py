@@ -277,6 +277,7 @@ def summary(study: optuna.Study, args: argparse.Namespace) -> None:
         print(
             f"BEST trial {best.number}: validation loss {best.value:.4f}, accuracy {best.user_attrs['accuracy']:.4f}, {best.params}"
         )
+        print(f"FINAL best_validation_loss={best.value:.4f} best_accuracy={best.user_attrs['accuracy']:.4f}")
 
 
 def main() -> None:

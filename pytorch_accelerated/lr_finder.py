@@ -83,9 +83,11 @@ class ExponentialRangeSchedule(StatefulSchedulerBase):
     >>> model = torch.nn.Linear(2, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     >>> schedule = ExponentialRangeSchedule(optimizer, start_lr=1e-3, end_lr=1.0, num_steps=4)
-    >>> [round(schedule.rate(k), 6) for k in range(4)]
+    >>> rates = [round(schedule.rate(k), 6) for k in range(4)]
+    >>> rates
     [0.001, 0.01, 0.1, 1.0]
-    >>> optimizer.param_groups[0]["lr"]  # the first update's rate, set at construction
+    >>> group = optimizer.param_groups[0]
+    >>> group["lr"]  # the first update's rate, set at construction
     0.001
     """
 
@@ -180,7 +182,9 @@ class LRFinderResult:
         )
         finite = [loss for loss in self.smoothed_losses if math.isfinite(loss)]
         if finite:  # the descent fills the panel, not the diverged end
-            low, high = min(finite), max(finite[: finite.index(min(finite)) + 1])
+            lowest = finite.index(min(finite))
+            low = min(loss for loss in [*self.losses[: lowest + 1], finite[lowest]] if math.isfinite(loss))
+            high = max(finite[: lowest + 1])
             axes.set_ylim(low - 0.1 * (high - low + 1e-12), high + 0.5 * (high - low + 1e-12))
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
@@ -271,16 +275,19 @@ class RangeTestRecorder(TrainerCallback):
 def window_losses(accelerator: Any, windows: list[list[tuple[Any, Any]]]) -> list[float]:
     """The mean loss of each accumulation window over every process: ``sum(loss * weight) /
     sum(weight)`` of its batches, summed over the processes with one collective call and read with
-    one device-to-host copy."""
+    one device-to-host copy (a handful of device operations for all the windows)."""
     device = accelerator.device
     batches = [batch for window in windows for batch in window]
-    losses = torch.stack([torch.as_tensor(loss, device=device).reshape(()) for loss, _ in batches]).double()
-    weights = torch.stack(
-        [torch.as_tensor(weight, device=device).reshape(()) for _, weight in batches]
-    ).double()
-    owners = torch.tensor([index for index, window in enumerate(windows) for _ in window], device=device)
-    sums = torch.zeros(2, len(windows), dtype=torch.float64, device=device)
-    sums.index_add_(1, owners, torch.stack([losses * weights, weights]))
+    losses = torch.stack([loss for loss, _ in batches]).reshape(len(batches)).double()
+    weights = [weight for _, weight in batches]
+    if all(isinstance(weight, (int, float)) for weight in weights):  # samples: host numbers
+        weight_tensor = torch.tensor(weights, dtype=torch.float64, device=device)
+    else:  # num_items_in_batch: device counts
+        weight_tensor = torch.stack([torch.as_tensor(w, device=device).reshape(()) for w in weights]).double()
+    sums = torch.stack([losses * weight_tensor, weight_tensor])
+    if len(batches) > len(windows):  # accumulation: add up each window's batches
+        owners = torch.tensor([index for index, window in enumerate(windows) for _ in window], device=device)
+        sums = torch.zeros(2, len(windows), dtype=torch.float64, device=device).index_add_(1, owners, sums)
     if accelerator.num_processes > 1:
         sums = accelerator.reduce(sums, reduction="sum")
     totals, counts = sums.tolist()
@@ -438,7 +445,8 @@ def find_learning_rate(
     Learning-rate range test from 0.0001 to 10 over 40 updates: the loss diverged at update 38 (lr 5.54); suggestion 0.307
     >>> len(result.losses), round(result.learning_rates[0], 6), result.suggestion < 2.0  # SGD diverges above 2 here
     (38, 0.0001, True)
-    >>> trainer.optimizer.param_groups[0]["lr"], trainer.progress.global_step  # as before the test
+    >>> group = trainer.optimizer.param_groups[0]
+    >>> group["lr"], trainer.progress.global_step  # as before the test
     (0.1, 0)
     """
     settings = {name: value for name, value in locals().items() if name != "trainer"}
