@@ -52,7 +52,10 @@ def test_a_pruned_trial_ends_train_with_trial_pruned_after_that_epoch_s_evaluati
         raised.value, "__notes__", []
     )
     # Three epochs ran (8 updates each), and no update after the third epoch's evaluation.
-    assert trainer.progress.global_step == 24 and len(trainer.run_history.get_metric_values("eval_loss_epoch")) == 3
+    assert (
+        trainer.progress.global_step == 24
+        and len(trainer.run_history.get_metric_values("eval_loss_epoch")) == 3
+    )
     assert list(study.trials[0].intermediate_values) == [0, 1, 2]
 
 
