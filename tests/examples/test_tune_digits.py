@@ -147,3 +147,20 @@ def test_two_workers_share_one_postgresql_study_and_run_each_trial_once(tmp_path
         t.user_attrs["worker"] == ("worker-a" if t.number in started(outputs[0]) else "worker-b")
         for t in finished
     )
+
+
+def test_the_main_job_trains_with_the_range_test_s_suggestion(tmp_path: Path) -> None:
+    script = REPO_ROOT / "examples" / "train_digits.py"
+    result = forked.run(
+        script,
+        ["--find-lr", "--epochs", "1", "--output-dir", str(tmp_path / "out")],
+        env=subprocess_env(tmp_path),
+        cwd=tmp_path,
+        timeout=TIMEOUT_S,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    found = re.findall(r"^RANGE_TEST suggestion=([0-9.e-]+) ", output, flags=re.MULTILINE)
+    assert len(found) == 1 and 1e-4 < float(found[0]) < 1.0, output
+    assert (tmp_path / "out" / "lr_finder.png").stat().st_size > 0
+    assert re.search(r"^FINAL test_accuracy=0\.[89]\d+$", output, flags=re.MULTILINE), output
