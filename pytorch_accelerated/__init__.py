@@ -10,6 +10,9 @@ that calls them. docs/architecture.md draws the same map::
                         (checkpoints/store), the preparation record; TrainerWithTimmScheduler
     train_arguments     TrainArguments: the arguments of one train() call, frozen, with the
                         per-device batch size of training that follows from them
+    lr_finder           the learning-rate range test behind Trainer.find_learning_rate: a real
+                        train() with a rising learning rate, observed by its own recorder,
+                        everything it changes put back afterwards
     loaders             TrainerLoaders: the run's data loaders, what they were made with, the seed,
                         the shuffle sampler
     prediction          what predict does: outputs of every sample, in data-set order, exactly

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
@@ -23,7 +23,7 @@ from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import prediction
+from . import lr_finder, prediction
 from ._internal import distributed
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import WindowWeighting, accumulation_windows
@@ -75,6 +75,9 @@ from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
 from .run_history import InMemoryRunHistory, LossTracker, RunHistory
 from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # (typing's own from Python 3.11)
 
 # fmt: off
 __all__ = [  # the last eight: 0.1.61 also exported them from this module
@@ -223,6 +226,15 @@ class Trainer:
         stop = self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
         if stop is not None and stop.exit_code is not None:  # a signal's stop under torchrun: see its line
             raise SystemExit(stop.exit_code)
+
+    def find_learning_rate(
+        self, train_dataset: Any, **settings: Unpack[lr_finder.RangeTestSettings]
+    ) -> lr_finder.LRFinderResult:
+        """A learning-rate range test: ``num_steps`` updates with the learning rate rising exponentially
+        from ``start_lr`` to ``end_lr``, the loss of each recorded; the model, optimizer, scheduler, RNG
+        streams and run history are then put back as they were. Settings (keywords) and defaults:
+        :func:`pytorch_accelerated.lr_finder.find_learning_rate`; see docs/recipes/tuning.md."""
+        return lr_finder.find_learning_rate(self, train_dataset, **settings)
 
     def evaluate(
         self,

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 TRAINER = "pytorch_accelerated.trainer"
-#: Besides the callbacks (the Trainer's observers), the module that names the Trainer by design: the
-#: package's entry point, which exports it.
-NAME_THE_TRAINER_BY_DESIGN = {"pytorch_accelerated"}
+#: Besides the callbacks (the Trainer's observers), the modules that name the Trainer by design: the
+#: package's entry point, which exports it, and the range test, which runs its loop.
+NAME_THE_TRAINER_BY_DESIGN = {"pytorch_accelerated", "pytorch_accelerated.lr_finder"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -194,8 +194,9 @@ def bound_members(source: str) -> list[str]:
 
 
 def _trainer_classes(tree: ast.Module) -> set[str]:
-    """The Trainer and the classes of this module derived from it."""
-    names = {"Trainer"}
+    """The Trainer, the callbacks (``TrainerCallback``: each event hands them the Trainer) and the
+    classes of this module derived from them."""
+    names = {"Trainer", "TrainerCallback"}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and {ast.unparse(base) for base in node.bases} & names:
             names.add(node.name)
@@ -204,7 +205,7 @@ def _trainer_classes(tree: ast.Module) -> set[str]:
 
 def functions_taking_the_trainer(sources: dict[str, str]) -> list[str]:
     """Functions outside ``callbacks/`` with a parameter annotated as the Trainer (``trainer: Trainer``,
-    ``self: Trainer``), methods of the Trainer and of its subclasses aside."""
+    ``self: Trainer``), the methods of the Trainer, of its subclasses and of callbacks aside."""
     found = []
     for name, source in sources.items():
         if name.startswith("pytorch_accelerated.callbacks"):
@@ -345,7 +346,8 @@ def main() -> None:
     for component in circles(graph):
         print(f"import circle of {len(component)} modules (typing imports included): {', '.join(component)}")
     print(
-        f"import circles without the edges back to the trainer from its observers (callbacks): "
+        f"import circles without the edges back to the trainer from its observers (callbacks) "
+        f"and the range test (lr_finder): "
         f"{circles(without_edges_back_to_the_trainer(graph))}"
     )
     print(f"run-time import circles: {circles(import_graph(package, run_time=True))}")

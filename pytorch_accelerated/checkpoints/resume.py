@@ -27,6 +27,7 @@ from .directories import read_manifest
 from .discovery import candidate_states
 from .reshard import RESEED_KEY, MappedPosition
 from .rng import restore_rng_states
+from .trainable import TrainableParameters
 from .training_objects import Stateful, TrainingObjects
 
 
@@ -110,6 +111,7 @@ class Resumed(dict[str, Any]):
         state: its ``trainer_state.pt``: the callbacks' states (``callbacks``; None in 0.1.x's) and
             what the resume's line reports (``epoch_trained``).
         rng_states: this process's RNG states (None: not restorable).
+        trainable: which parameters require gradients, as saved (None: the state records nothing).
     """
 
     def __init__(
@@ -118,14 +120,18 @@ class Resumed(dict[str, Any]):
         directory: Path,
         state: dict[str, Any],
         rng_states: dict[str, Any] | None,
+        trainable: TrainableParameters | None,
     ) -> None:
         super().__init__(returned)
-        self.directory, self.state, self.rng_states = directory, state, rng_states
+        self.directory, self.state, self.rng_states, self.trainable = directory, state, rng_states, trainable
 
     def restore_after_start(self, callbacks: Stateful) -> None:
-        """Restore the callbacks' states, then the RNGs: after ``on_training_run_start`` (callbacks set
-        themselves up there; their saved state goes in after), last of all, once nothing else can
-        draw from the RNGs."""
+        """Restore which parameters require gradients, the callbacks' states, then the RNGs: after
+        ``on_training_run_start`` (callbacks set themselves up there, and a script may freeze a model
+        for a new run; the saved state goes in after), last of all, once nothing else can draw from
+        the RNGs."""
+        if self.trainable is not None:  # which parameters require gradients, as saved
+            self.trainable.restore()
         if self.state["callbacks"] is not None:
             callbacks.load_state_dict(self.state["callbacks"])
         if self.rng_states is not None:

@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import changed_settings, finite, folder_lock, resume, sharded, torch_files
+from . import changed_settings, finite, folder_lock, resume, sharded, torch_files, trainable
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -413,7 +413,9 @@ class TrainingStateStore:
         if resuming:
             resume.adopt_run_settings(objects, loaded.manifest, mapped)
         returned = {"current_epoch": loaded.saved_epoch, **state["checkpoint_kwargs"]}
-        return Resumed(returned, loaded.directory, state, loaded.process_state["rng"])
+        plain = objects.plain_model(keep_torch_compile=False)
+        trainable_parameters = trainable.to_restore(plain, state, loaded.directory, resuming)
+        return Resumed(returned, loaded.directory, state, loaded.process_state["rng"], trainable_parameters)
 
     def _choose(self, objects: TrainingObjects, plan: ResumePlan) -> LoadedState:
         """Read and check the first state of ``plan`` that passes every check, agreeing across processes.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks import STATE_SAVES_ORDER, SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.checkpoints import folder_lock
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
@@ -89,8 +89,9 @@ def test_a_run_stopped_by_sigterm_releases_the_folder(tmp_path: Path) -> None:
 
     trainer = make_trainer((SaveTrainingStateCallback(tmp_path), Terminate()))
     train(trainer, num_epochs=3)
-    assert trainer.progress.global_step == 2  # seen at the next safe point, after the saver's turn
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
+    # The saver runs after the other callbacks (its event_order): it sees the signal at the same update.
+    assert trainer.progress.global_step == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
 
 
 def test_a_folder_held_by_this_very_run_says_so_and_why_it_can_happen(tmp_path: Path) -> None:
@@ -145,6 +146,8 @@ def test_a_lock_of_another_host_is_taken_over_only_once_expired(
 
 def test_a_run_whose_lock_was_taken_over_saves_nothing_more(tmp_path: Path) -> None:
     class TakeOver(TrainerCallback):  # another host's run takes the folder after the first save
+        event_order = STATE_SAVES_ORDER + 1  # after the saver's turn
+
         def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
             if trainer.progress.global_step == 1:
                 write_lock(tmp_path, host="elsewhere", pid=1, run_id="new-run")
