@@ -200,7 +200,7 @@ def async_state_equals_sync_and_blocks_at_most_a_fifth() -> dict[str, Any]:
     equals the synchronous one file by file, and blocks the loop at most 0.2x as long."""
     import tempfile
 
-    from pytorch_accelerated.checkpoints.files import safe_torch_load
+    from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(4096, 4096) for _ in range(6)))

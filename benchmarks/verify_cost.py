@@ -44,7 +44,7 @@ from torch import nn  # noqa: E402
 
 from pytorch_accelerated import Trainer  # noqa: E402
 from pytorch_accelerated.checkpoints.directories import MANIFEST  # noqa: E402
-from pytorch_accelerated.checkpoints.files import file_crc32  # noqa: E402
+from pytorch_accelerated.checkpoints.torch_files import file_crc32  # noqa: E402
 
 WIDTH = 2048
 

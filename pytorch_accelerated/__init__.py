@@ -1,22 +1,24 @@
 """pytorch-accelerated: a simple, complete and correct training loop for PyTorch.
 
-The house, read top-down (each layer imports only the layers below it)::
+The house, read top-down: at run time each module imports only modules listed below it (a test,
+tests/unit/test_house.py, checks this order); for typing, the callbacks also name the Trainer
+that calls them. docs/architecture.md draws the same map::
 
-    trainer             Trainer: train / evaluate and the loop, one method per ML step; it holds
-                        its parts: loaders, state_store (checkpoints/store), the preparation record
-    runs                the one adapter that takes the Trainer, besides the callbacks: what
-                        happens before and around a run (set-up through the Trainer's
-                        overridable methods, stops and failures), and the Trainer's members that
-                        only hand over to a part (evaluate, predict, the set-up defaults, print,
-                        gather, save_checkpoint, running_loss, ...), bound in its class body
-    timm_schedulers     TrainerWithTimmScheduler (re-exported by trainer, as in 0.1.61)
+    trainer             Trainer: every member in its class (train / evaluate / predict, how a run
+                        starts and ends, the loop, one method per ML step, the process utilities,
+                        the checkpoint methods); it holds its parts: loaders, state_store
+                        (checkpoints/store), the preparation record; TrainerWithTimmScheduler
+    train_arguments     TrainArguments: the arguments of one train() call, frozen, with the
+                        per-device batch size of training that follows from them
     lr_finder           the learning-rate range test behind Trainer.find_learning_rate: a real
                         train() with a rising learning rate, observed by its own recorder,
-                        everything it changes put back afterwards (it runs the Trainer's loop,
-                        so it names the Trainer, as runs does)
-    loaders             RunLoaders: the run's data loaders, what they were made with, the seed
+                        everything it changes put back afterwards
+    loaders             TrainerLoaders: the run's data loaders, what they were made with, the seed,
+                        the shuffle sampler
     prediction          what predict does: outputs of every sample, in data-set order, exactly
                         once across processes
+    run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
+                        RunIdentity (which run), LoopState (the loop's own working state)
     callbacks/          events, dispatch and callback state (events), then one file per family
                         of built-ins: defaults, monitoring (best model, early stopping), ema,
                         evaluation, limits, training_state (saving states, preemption),
@@ -26,23 +28,23 @@ The house, read top-down (each layer imports only the layers below it)::
                         (PlotRunCallback)
     checkpoints/        store (TrainingStateStore: saving, waiting for, loading and resuming
                         training states), layouts (one class per kind of state directory:
-                        plain, sharded, 0.1.x), training_objects (what a state saves), files,
-                        directories, discovery, auto_resume, background, rng, finite, state_checks,
-                        collective_saves, resume, reshard, sharded, original_states,
+                        plain, sharded, 0.1.x), training_objects (what a state saves), resume
+                        (ResumePlan: what a resume loads, chosen once), torch_files, directories,
+                        discovery, auto_resume, background, rng, finite, file_checks,
+                        changed_settings, collective_saves, reshard, sharded, original_states,
                         model_files (listed in the package's own docstring)
     schedulers/         SchedulerBase and friends (base), cosine, wsd (import nothing from the
                         trainer); scheduler_base, cosine_scheduler, wsd_scheduler re-export
                         them under 0.1.61's module paths
-    data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
-    run_config          TrainerRunConfig (frozen settings), RunProgress (where the run is),
-                        RunState (the loop's own working state)
     placeholders        TrainerPlaceholderValues, resolved when a run starts
-    tracking            RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
-                        LossTracker
-    step_metrics        StepMetrics: the loop's step-level metrics, no device read between points
-    finetuning          ModelFreezer, Layer, LayerGroup
     utils               process decorators, LimitBatches, DataLoaderSlice, ModelEma, padding
-    _internal/          small helpers that are not public API: validation (argument checks),
+    data                samplers (reproducible shuffle, exactly-once evaluation), loader defaults
+    step_metrics        StepMetrics: the loop's step-level metrics, no device read between points
+    tracking            0.1.61's module path of the run history: it re-exports run_history
+    run_history         RunHistory (per-epoch metrics, step-indexed series), InMemoryRunHistory,
+                        LossTracker
+    finetuning          ModelFreezer, Layer, LayerGroup
+    _internal/          small helpers that are not public API: argument_checks (checks of arguments),
                         batch_loss (a batch taken apart, counted and its loss computed),
                         distributed (gathering, the Trainer's process methods), accumulation
                         (window weighting), intervals ("every N updates"), process_group (the

@@ -385,6 +385,12 @@ def shard_evaluation(
     }
 
 
+def loader_batch_size(loader_kwargs: Mapping[str, Any] | None, default: int) -> int:
+    """The per-device batch size of a loader made with ``loader_kwargs``: their ``batch_size`` (a given
+    one wins over ``per_device_batch_size``, as in 0.1.61), else ``default``."""
+    return (loader_kwargs or {}).get("batch_size") or default
+
+
 def merge_dataloader_kwargs(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``overrides`` over ``defaults``, dropping the defaults that a given sampler or batch
     sampler replaces, and the worker arguments when there are no workers."""

@@ -1,7 +1,7 @@
-"""The data loaders of a Trainer's run: :class:`RunLoaders` (``trainer.loaders``) makes them from the
+"""The data loaders of a Trainer's run: :class:`TrainerLoaders` (``trainer.loaders``) makes them from the
 default arguments merged with the user's, remembers what they were made with and the run's seed,
 and holds them once prepared for distribution; it also tells the training loader the epoch and
-marks the padding batches (of zero rows) of an evaluation (:meth:`RunLoaders.eval_batches`).
+marks the padding batches (of zero rows) of an evaluation (:meth:`TrainerLoaders.eval_batches`).
 
 The Trainer's overridable methods decide what is made: ``get_default_*_dl_kwargs`` give the
 default ``DataLoader`` arguments and ``create_*_dataloader`` build the loaders through this part.
@@ -11,7 +11,7 @@ The samplers and loader defaults themselves live in :mod:`pytorch_accelerated.da
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -24,15 +24,13 @@ from .data import (
     ReproducibleShuffleSampler,
     default_dataloader_kwargs,
     is_map_style,
+    loader_batch_size,
     merge_dataloader_kwargs,
     shard_evaluation,
 )
 
-if TYPE_CHECKING:
-    from .run_config import RunState
 
-
-class RunLoaders:
+class TrainerLoaders:
     """The current run's data loaders and what they were made with.
 
     Attributes:
@@ -42,6 +40,7 @@ class RunLoaders:
             (defaults with the user's merged over them), by ``"train"`` / ``"eval"``; the run
             config records them.
         seed: the run's seed (None: not seeded); it seeds the shuffle order and the workers.
+        train_sampler: the training loader's shuffle sampler (its seed is saved), or None.
         train_generator: the training loader's ``generator`` (reseeded each epoch), if it has one.
         eval_batch_is_padding: see :attr:`~pytorch_accelerated.trainer.Trainer.eval_batch_is_padding`.
     """
@@ -53,6 +52,7 @@ class RunLoaders:
         self.merged_kwargs: dict[str, dict[str, Any]] = {}
         self.seed: int | None = None
         self.train_generator: torch.Generator | None = None
+        self.train_sampler: ReproducibleShuffleSampler | None = None
         self.eval_batch_is_padding = False
 
     def set_seed(self, seed: int | None) -> None:
@@ -82,15 +82,13 @@ class RunLoaders:
         ``create_*_dataloader`` used, else (overridden) the ones passed by the user."""
         return self.merged_kwargs.get(which, given)
 
-    def make_train_loader(
-        self, dataset: Any, collate_fn: Any, kwargs: dict[str, Any], run_state: RunState
-    ) -> DataLoader:
+    def make_train_loader(self, dataset: Any, collate_fn: Any, kwargs: dict[str, Any]) -> DataLoader:
         """The training loader; with ``shuffle``, over a map-style data set, its order comes from a
-        :class:`~pytorch_accelerated.data.ReproducibleShuffleSampler` (kept in ``run_state``)."""
-        run_state.train_sampler = None
+        :class:`~pytorch_accelerated.data.ReproducibleShuffleSampler` (:attr:`train_sampler`)."""
+        self.train_sampler = None
         self.train_generator = kwargs.get("generator")
         if kwargs.pop("shuffle", False) and is_map_style(dataset):
-            kwargs["sampler"] = run_state.train_sampler = ReproducibleShuffleSampler(
+            kwargs["sampler"] = self.train_sampler = ReproducibleShuffleSampler(
                 len(dataset), self.seed if self.seed is not None else shared_random_seed(self.accelerator)
             )
         return DataLoader(dataset=dataset, collate_fn=collate_fn, **kwargs)
@@ -114,7 +112,7 @@ class RunLoaders:
             kwargs = shard_evaluation(
                 kwargs,
                 len(dataset),
-                kwargs.get("batch_size") or batch_size,
+                loader_batch_size(kwargs, batch_size),
                 self.accelerator.num_processes,
                 self.accelerator.process_index,
             )

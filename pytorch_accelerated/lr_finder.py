@@ -35,12 +35,12 @@ import numpy as np
 import torch
 from accelerate.utils import DistributedType
 
-from ._internal.validation import check_whole_number
+from ._internal.argument_checks import check_whole_number
 from .callbacks import CallbackHandler, MoveModulesToDeviceCallback, StopTrainingError, TrainerCallback
 from .callbacks.plotting import checked_png_path, new_figure, require_matplotlib, write_png
 from .checkpoints.rng import capture_rng_states, restore_rng_states
+from .run_history import InMemoryRunHistory
 from .schedulers.base import StatefulSchedulerBase
-from .tracking import InMemoryRunHistory
 
 if TYPE_CHECKING:
     import os
@@ -196,8 +196,8 @@ class RangeTestRecorder(TrainerCallback):
     """Records the loss of each update of a range test, reading it every
     :data:`CHECK_EVERY_N_UPDATES` updates, and stops the run (``StopTrainingError``) once it diverges.
 
-    Each batch's loss is the loop's own detached copy (``run_state.train_loss.loss_value``) and its
-    weight the loop's (``run_state.window.weight_of``): a batch costs no device operation. The
+    Each batch's loss is the loop's own detached copy (``loop_state.train_loss.loss_value``) and its
+    weight the loop's (``loop_state.window.weight_of``): a batch costs no device operation. The
     losses read are summed over every process, the same on each, so every process stops at the
     same update.
     """
@@ -228,12 +228,12 @@ class RangeTestRecorder(TrainerCallback):
         is_update_step: bool = False,
         **kwargs: Any,
     ) -> None:
-        run_state, config = trainer.run_state, trainer.run_config
+        loop_state, config = trainer.loop_state, trainer.run_config
         assert (
-            run_state.window is not None and config is not None and batch_output is not None
+            loop_state.window is not None and config is not None and batch_output is not None
         )  # set by train()
         # The loop's detached copy of this batch's loss and its weight: no device operation here.
-        self._window.append((run_state.train_loss.loss_value, run_state.window.weight_of(batch_output)))
+        self._window.append((loop_state.train_loss.loss_value, loop_state.window.weight_of(batch_output)))
         if is_update_step:
             self._windows.append(self._window)
             self._window = []
@@ -311,7 +311,8 @@ class TrainerSnapshot:
         "eval_dataset",
         "run_config",
         "progress",
-        "run_state",
+        "run_identity",
+        "loop_state",
         "last_grad_norm",
         "run_history",
         "callback_handler",
@@ -326,6 +327,20 @@ class TrainerSnapshot:
         self.modes = [(module, module.training) for module in trainer.model.modules()]
         self.optimizer = copy.deepcopy(trainer.optimizer.state_dict())  # type: ignore[union-attr]
         self.rng = capture_rng_states()
+
+    def train_observed_by(self, recorder: RangeTestRecorder, train_dataset: Any, **arguments: Any) -> None:
+        """``trainer.train(train_dataset, num_epochs=1, **arguments)`` (the run's epochs follow from
+        ``max_num_train_steps``), observed by ``recorder`` and the Trainer's callbacks that place modules
+        on the device only, with a history of its own; then everything is put back (:meth:`restore`)."""
+        trainer = self.trainer
+        callbacks = trainer.callback_handler.callbacks
+        placing = [callback for callback in callbacks if isinstance(callback, MoveModulesToDeviceCallback)]
+        try:
+            trainer.callback_handler = CallbackHandler([*placing, recorder])
+            trainer.run_history = InMemoryRunHistory()
+            trainer.train(train_dataset, num_epochs=1, **arguments)
+        finally:
+            self.restore()
 
     def restore(self) -> None:
         trainer = self.trainer
@@ -452,14 +467,18 @@ def find_learning_rate(
     settings = {name: value for name, value in locals().items() if name != "trainer"}
     start_lr, end_lr, num_steps = _checked_range(settings)
     divergence_factor, smoothing = _checked_stop_rule(settings)
-    _refuse_unsupported(trainer)
+    _refuse_unsupported(trainer.accelerator)
     rate = functools.partial(exponential_rate, start_lr, end_lr, num_steps)
     recorder = RangeTestRecorder(rate, divergence_factor, smoothing)
     schedule = functools.partial(
         ExponentialRangeSchedule, start_lr=start_lr, end_lr=end_lr, num_steps=num_steps
     )
-    _train_observed_by(
-        trainer, recorder, {**settings, "create_scheduler_fn": schedule, "max_num_train_steps": num_steps}
+    TrainerSnapshot(trainer).train_observed_by(
+        recorder,
+        train_dataset,
+        max_num_train_steps=num_steps,
+        create_scheduler_fn=schedule,
+        **{name: settings[name] for name in PASSED_ON},
     )
     result = recorder.result()
     trainer.print(_summary(result, start_lr, end_lr, num_steps))
@@ -476,25 +495,6 @@ PASSED_ON = (
     "max_grad_norm",
     "seed",
 )
-
-
-def _train_observed_by(trainer: Trainer, recorder: RangeTestRecorder, settings: dict[str, Any]) -> None:
-    """``trainer.train(...)`` with ``settings``, observed by ``recorder`` and the Trainer's callbacks
-    that place modules on the device only, with a history of its own; everything put back after it."""
-    placing = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MoveModulesToDeviceCallback)]
-    snapshot = TrainerSnapshot(trainer)
-    try:
-        trainer.callback_handler = CallbackHandler([*placing, recorder])
-        trainer.run_history = InMemoryRunHistory()
-        trainer.train(
-            settings["train_dataset"],
-            num_epochs=1,  # (the run's epochs follow from max_num_train_steps)
-            max_num_train_steps=settings["max_num_train_steps"],
-            create_scheduler_fn=settings["create_scheduler_fn"],
-            **{name: settings[name] for name in PASSED_ON},
-        )
-    finally:
-        snapshot.restore()
 
 
 def _summary(result: LRFinderResult, start_lr: float, end_lr: float, num_steps: int) -> str:
@@ -546,8 +546,8 @@ def _checked_stop_rule(settings: dict[str, Any]) -> tuple[float | None, float]:
     return (None if factor is None else float(factor)), float(smoothing)
 
 
-def _refuse_unsupported(trainer: Trainer) -> None:
-    refused = REFUSED.get(trainer.accelerator.distributed_type)
+def _refuse_unsupported(accelerator: Any) -> None:
+    refused = REFUSED.get(accelerator.distributed_type)
     if refused is not None:
         raise ValueError(
             f"find_learning_rate cannot run under {refused}: its engine holds the model's and the "

@@ -22,13 +22,13 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ._internal.distributed import gather_ragged
-from ._internal.validation import (
+from ._internal.argument_checks import (
     check_collate_fn,
     check_dataloader_kwargs,
     check_not_a_dataloader,
     check_whole_number,
 )
+from ._internal.distributed import gather_ragged
 from .data import DeviceDataLoader, ShardedEvalBatchSampler, is_map_style
 
 #: ``dataloader_kwargs`` that would change which samples are predicted, or their order.

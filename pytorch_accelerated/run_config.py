@@ -1,9 +1,14 @@
-"""The state of a run, in three explicit objects.
+"""The state of a run, in explicit objects, each holding one kind of thing.
 
 - :class:`TrainerRunConfig`: the settings of one training run, frozen when it starts;
 - :class:`RunProgress`: where the run is (epoch, optimizer step, batch), public;
-- :class:`RunState`: the loop's own working state (running losses, accumulation weighting,
-  shuffle seed, ...), everything besides the progress that a training state must save.
+- :class:`RunIdentity`: which run this is (its id, its earlier ``train()`` calls' updates, the
+  history epoch it started at), recorded by its training states;
+- :class:`LoopState`: the loop's own working state (running losses, accumulation weighting, step
+  metrics, the epoch's phase).
+
+The training loader's shuffle sampler is the loaders' (:class:`~.loaders.TrainerLoaders`), and the exit
+code of a stop by a signal travels with its :class:`~.callbacks.StopTrainingError`.
 """
 
 from __future__ import annotations
@@ -14,14 +19,14 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .data import loader_batch_size
+from .run_history import LossTracker
 from .step_metrics import StepMetrics
-from .tracking import LossTracker
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from ._internal.accumulation import WindowWeighting
-    from .data import ReproducibleShuffleSampler
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class TrainerRunConfig:
         )
         processes = accelerator.num_processes
         train_batch_size, eval_batch_size = (
-            _batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
+            loader_batch_size(kwargs, per_device_batch_size) for kwargs in (train_dl_kwargs, eval_dl_kwargs)
         )
         return cls(
             num_epochs=num_epochs,
@@ -134,7 +139,7 @@ class TrainerRunConfig:
     ) -> TrainerRunConfig:
         """The config of an evaluation run (``evaluate()`` on a Trainer that has not trained): that of
         a one-epoch run without updates, batching by the evaluation loader's batch size."""
-        batch_size = _batch_size(eval_dl_kwargs, per_device_batch_size)
+        batch_size = loader_batch_size(eval_dl_kwargs, per_device_batch_size)
         return replace(
             cls.for_run(
                 accelerator,
@@ -180,11 +185,6 @@ def _process_fields(accelerator: Accelerator) -> dict[str, Any]:
     }
 
 
-def _batch_size(loader_kwargs: dict[str, Any] | None, per_device_batch_size: int) -> int:
-    """What a loader made with ``loader_kwargs`` batches by: their ``batch_size``, if given."""
-    return (loader_kwargs or {}).get("batch_size") or per_device_batch_size
-
-
 @dataclass
 class RunProgress:
     """Where a training run is. Updated by the Trainer only; read it anywhere.
@@ -216,84 +216,83 @@ class RunProgress:
 
 
 @dataclass
-class RunState:
-    """The loop's own working state during a run; each ``train()`` starts a new one.
-
-    Not meant to be changed from outside the Trainer; training states save it through
-    :meth:`state_dict` (what every process shares) and :meth:`process_state_dict` (what is
-    each process's own).
+class RunIdentity:
+    """Which run this is, across its ``train()`` calls and resumes; each ``train()`` that starts a new
+    run makes a new one. Training states record it (:meth:`state_dict`; the manifest, ``run_id`` and
+    ``run_step``), so that a folder's states tell their runs apart.
 
     Attributes:
-        train_loss: this process's running training loss of the current epoch.
-        eval_loss: this process's running loss of the current evaluation epoch.
-        window: how batches of an accumulation window are weighted (its unit is saved).
-        train_sampler: the training loader's shuffle sampler (its seed is saved), or None.
+        run_id: the run's id: new for each run; kept by a ``train()`` call that keeps the run
+            history, and by a resumed run (the id of the state it resumes).
+        steps_before: optimizer updates of the run's earlier ``train()`` calls (those that kept
+            the history): ``steps_before + progress.global_step`` counts the run's updates.
         history_first_epoch: ``run_history.current_epoch`` at the start of this run's first epoch
             (1 unless the history of an earlier run was kept); the history's epoch follows
             ``progress.epoch`` from there.
-        epoch_finished: the current epoch's last event has fired: a state saved now resumes at
-            the start of the next epoch.
-        epoch_trained: the current epoch's training part (with ``on_train_epoch_end``) is done;
-            a state saved during its evaluation resumes with that evaluation.
-        pending_resume: callback and RNG states loaded by ``train(resume_from=...)``, applied once
-            the run's start events have fired.
-        step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
-        last_eval_loss: the mean loss of the last evaluation epoch, over every process.
-        run_id: the run's id: new for each run; kept by a ``train()`` call that keeps the run
-            history, and by a resumed run (the id of the state it resumes). States record it.
-        steps_before: optimizer updates of the run's earlier ``train()`` calls (those that kept
-            the history): ``steps_before + progress.global_step`` counts the run's updates.
         asked_accumulation: the ``gradient_accumulation_steps`` given to ``train()`` (the run's
             own may differ: ``resume_from="auto"`` keeps a state's global batch); states record it.
-        exit_code: set when the process is to exit with this code once the run has ended (a
-            stop signal under torchrun with restarts left): ``train()`` then raises ``SystemExit``.
     """
 
-    train_loss: LossTracker = field(default_factory=LossTracker)
-    eval_loss: LossTracker = field(default_factory=LossTracker)
-    window: WindowWeighting | None = None
-    train_sampler: ReproducibleShuffleSampler | None = None
-    history_first_epoch: int = 1
-    epoch_finished: bool = False
-    epoch_trained: bool = False
-    pending_resume: dict[str, Any] | None = None
-    step_metrics: StepMetrics = field(default_factory=StepMetrics)
-    last_eval_loss: float = math.nan
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     steps_before: int = 0
+    history_first_epoch: int = 1
     asked_accumulation: int | None = None
-    exit_code: int | None = None
 
     def run_step(self, progress: RunProgress) -> int:
         """The run's optimizer updates so far, over its ``train()`` calls."""
         return self.steps_before + progress.global_step
 
     def state_dict(self) -> dict[str, Any]:
-        """What every process shares: the loss weighting unit, the shuffle seed, the first epoch,
-        the training set's length and the samples skipped in a resumed epoch."""
         return {
-            "loss_weight_unit": self.window.unit if self.window is not None else None,
-            "shuffle_seed": self.train_sampler.seed if self.train_sampler is not None else None,
             "history_first_epoch": self.history_first_epoch,
-            # Saved during the epoch's evaluation: a resumed run evaluates, without training again.
-            "epoch_trained": self.epoch_trained and not self.epoch_finished,
-            # The training set's length and, in an epoch resumed on other settings, the samples
-            # its order starts after: a resume on other settings maps the position through them.
-            "train_samples": self.train_sampler.num_samples if self.train_sampler is not None else None,
-            "samples_skipped": self.train_sampler.skipped if self.train_sampler is not None else 0,
             "run_id": self.run_id,
             "steps_before": self.steps_before,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.window is not None:
-            self.window.unit = state["loss_weight_unit"]
-        if self.train_sampler is not None and state["shuffle_seed"] is not None:
-            self.train_sampler.seed = state["shuffle_seed"]
         self.history_first_epoch = int(state.get("history_first_epoch", 1))
-        self.epoch_trained = bool(state.get("epoch_trained", False))
         self.run_id = str(state.get("run_id", self.run_id))  # a state of an older version: this run's
         self.steps_before = int(state.get("steps_before", 0))
+
+
+@dataclass
+class LoopState:
+    """The loop's own working state during a run; each ``train()`` starts a new one. Not meant to be
+    changed from outside the Trainer; training states save it through :meth:`state_dict` (what
+    every process shares) and :meth:`process_state_dict` (what is each process's own).
+
+    Attributes:
+        train_loss: this process's running training loss of the current epoch.
+        eval_loss: this process's running loss of the current evaluation epoch.
+        last_eval_loss: the mean loss of the last evaluation epoch, over every process.
+        window: how batches of an accumulation window are weighted (its unit is saved).
+        step_metrics: the step-level metrics asked for by callbacks (see :mod:`.step_metrics`).
+        epoch_trained: the current epoch's training part (with ``on_train_epoch_end``) is done;
+            a state saved during its evaluation resumes with that evaluation.
+        epoch_finished: the current epoch's last event has fired: a state saved now resumes at
+            the start of the next epoch.
+    """
+
+    train_loss: LossTracker = field(default_factory=LossTracker)
+    eval_loss: LossTracker = field(default_factory=LossTracker)
+    last_eval_loss: float = math.nan
+    window: WindowWeighting | None = None
+    step_metrics: StepMetrics = field(default_factory=StepMetrics)
+    epoch_trained: bool = False
+    epoch_finished: bool = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What every process shares: the loss weighting unit, and whether the epoch's training was done."""
+        return {
+            "loss_weight_unit": self.window.unit if self.window is not None else None,
+            # Saved during the epoch's evaluation: a resumed run evaluates, without training again.
+            "epoch_trained": self.epoch_trained and not self.epoch_finished,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.window is not None:
+            self.window.unit = state["loss_weight_unit"]
+        self.epoch_trained = bool(state.get("epoch_trained", False))
 
     def process_state_dict(self, mid_epoch: bool) -> dict[str, Any]:
         """This process's own share: its part of the epoch's training loss so far (mid-epoch), and

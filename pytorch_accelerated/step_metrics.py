@@ -1,7 +1,7 @@
 """Step-level metrics of the training loop, measured without device-to-host syncs in between.
 
 A callback that wants metrics every N optimizer updates asks for them when a run starts
-(``trainer.run_state.step_metrics.request(N)``; :class:`~pytorch_accelerated.callbacks.TrackingCallback`
+(``trainer.loop_state.step_metrics.request(N)``; :class:`~pytorch_accelerated.callbacks.TrackingCallback`
 does). From then on the loop keeps host-side counters (clock readings, sample counts) and, on
 the updates where a point is due, the Trainer calls :meth:`StepMetrics.measure`: one collective
 call and one device-to-host read for the whole point. On the other updates nothing is read
@@ -39,7 +39,7 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from .tracking import LossTracker
+    from .run_history import LossTracker
 
 __all__ = ["StepMetrics"]
 

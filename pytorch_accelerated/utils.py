@@ -16,8 +16,8 @@ from accelerate.utils import compile_regions as _accelerate_compile_regions
 from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from torch import nn
 
+from ._internal.argument_checks import check_whole_number
 from ._internal.distributed import strip_padding
-from ._internal.validation import check_whole_number
 from .data import worker_init_fn
 
 __all__ = [

@@ -50,7 +50,7 @@ class AskForStepMetrics(TrainerCallback):
         self.every_n_steps = every_n_steps
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
-        trainer.run_state.step_metrics.request(self.every_n_steps)
+        trainer.loop_state.step_metrics.request(self.every_n_steps)
 
 
 #: What the recorders write into ``positions``: (progress.epoch, progress.global_step, event).

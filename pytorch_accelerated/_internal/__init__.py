@@ -1,6 +1,6 @@
 """Small helpers of the Trainer that are not public API (names and behaviour may change).
 
-- :mod:`.validation`: argument checks, each message naming the value seen and the fix;
+- :mod:`.argument_checks`: argument checks, each message naming the value seen and the fix;
 - :mod:`.batch_loss`: what the default ``calculate_*_batch_loss`` does with a batch: inputs and
   targets, the number of samples, the loss (with an error that says how to fix other shapes);
 - :mod:`.distributed`: gathering tensors of different lengths, means and flags over processes,

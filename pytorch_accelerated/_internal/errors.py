@@ -16,7 +16,14 @@ class StopTrainingError(Exception):
     ``evaluate()`` the evaluation ends at that batch (no partial loss is recorded), then
     ``on_stop_training_error`` and the evaluation-end hooks fire, and ``evaluate()`` returns
     what was recorded. Raised inside an end event, it skips that event's remaining callbacks.
+
+    ``exit_code``: once the run has ended, ``train()`` raises ``SystemExit(exit_code)`` (a stop by a
+    signal under torchrun with restarts left, which must exit non-zero to be restarted).
     """
+
+    def __init__(self, *args: object, exit_code: int | None = None) -> None:
+        super().__init__(*args)
+        self.exit_code = exit_code
 
 
 StopTrainingError.__module__ = "pytorch_accelerated.callbacks"

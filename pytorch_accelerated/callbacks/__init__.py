@@ -22,7 +22,7 @@
 also importable from here, as they were in pytorch-accelerated 0.1.61.
 """
 
-from ..tracking import LossTracker
+from ..run_history import LossTracker
 from ..utils import DataLoaderSlice, ModelEma
 from .csv_tracker import CSVTracker
 from .defaults import (

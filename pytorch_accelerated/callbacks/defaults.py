@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.intervals import every
-from .._internal.validation import check_whole_number
 from ..checkpoints.finite import non_finite_loss_flag
 from ..data import batches_per_epoch
 from .events import StopTrainingError, TrainerCallback
@@ -97,7 +97,7 @@ class TerminateOnNaNCallback(TrainerCallback):
         self._stop_if_non_finite(trainer)  # before the epoch's sum is reset
 
     def on_eval_epoch_end(self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any) -> None:
-        total = trainer.run_state.eval_loss.running_total  # a sum over this process's batches
+        total = trainer.loop_state.eval_loss.running_total  # a sum over this process's batches
         if trainer.any_process(~torch.isfinite(torch.as_tensor(total)).all()):
             self.triggered = True
             trainer.print(
@@ -106,7 +106,7 @@ class TerminateOnNaNCallback(TrainerCallback):
             raise StopTrainingError("non-finite evaluation loss")
 
     def _stop_if_non_finite(self, trainer: Trainer) -> None:
-        total = trainer.run_state.train_loss.running_total
+        total = trainer.loop_state.train_loss.running_total
         if (  # on one process there is nothing to agree on: one host read, no device op
             not math.isfinite(float(total))
             if trainer.accelerator.num_processes == 1

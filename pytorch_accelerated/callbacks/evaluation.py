@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.intervals import every
-from .._internal.validation import check_whole_number
 from .events import TrainerCallback
 from .limits import limit, unlimit
 

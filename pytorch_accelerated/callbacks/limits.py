@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .._internal.validation import check_whole_number
+from .._internal.argument_checks import check_whole_number
 from ..utils import LIMIT_BATCHES_ENV_VAR, DataLoaderSlice
 from .events import TrainerCallback
 

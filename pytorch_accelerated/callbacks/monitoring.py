@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._internal.validation import check_whole_number
+from .._internal.argument_checks import check_whole_number
 from .events import StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._internal.validation import check_flag, check_whole_number
+from .._internal.argument_checks import check_flag, check_whole_number
 from .events import TrainerCallback
 from .trackers import as_float
 

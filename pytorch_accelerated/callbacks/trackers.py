@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.tracking import GeneralTracker
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.intervals import every
-from .._internal.validation import check_whole_number
 from .events import TrainerCallback
 from .tracker_registry import check_tracker, create_tracker, flush_tracker, tracker_state
 
@@ -131,7 +131,7 @@ class TrackingCallback(TrainerCallback):
     # ------------------------------------------------------------------ run start and resume
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        trainer.run_state.step_metrics.request(self.log_every_n_steps, grad_norm=self.log_grad_norm)
+        trainer.loop_state.step_metrics.request(self.log_every_n_steps, grad_norm=self.log_grad_norm)
         self._trainer = trainer
         self._logged_counts = (
             trainer.run_history.metric_counts()
@@ -139,7 +139,7 @@ class TrackingCallback(TrainerCallback):
         self._last_points = {"step": None, "values": {}}
         self._epoch_points = []
         self._started = False
-        if trainer.run_state.pending_resume is None:  # a resumed run starts them in load_state_dict
+        if trainer.resumed_from is None:  # a resumed run starts them in load_state_dict
             self._start_trackers(trainer)
             config = trainer.run_config.to_dict() if trainer.run_config is not None else {}
             values = flat_hyperparameters({**config, **self.hyperparameters})

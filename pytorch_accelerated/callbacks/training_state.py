@@ -8,16 +8,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._internal.argument_checks import check_whole_number
 from .._internal.distributed import per_process
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.intervals import every
 from .._internal.launch_checks import torchrun_restarts_left
-from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
-from ..checkpoints.directories import MANIFEST, read_manifest, remove_entry
-from ..checkpoints.discovery import list_complete_states
+from ..checkpoints.directories import read_manifest, remove_entry
+from ..checkpoints.discovery import list_complete_states, save_order
 from ..checkpoints.finite import NonFiniteStateError
 from .events import STATE_SAVES_ORDER, CallbackHandler, StopTrainingError, TrainerCallback
 
@@ -143,7 +143,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             sharded.check_can_save(
                 trainer.accelerator, self.save_dir, asynchronous=True, saves_on_each_node=False
             )
-        trainer.state_store.hold(self.save_dir, trainer.run_state.run_id)  # one run per folder
+        trainer.state_store.hold(self.save_dir, trainer.run_identity.run_id)  # one run per folder
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:
@@ -231,14 +231,16 @@ class SaveTrainingStateCallback(TrainerCallback):
         except NonFiniteStateError:
             trainer.print(f"Received {name}, but the training state was not saved (see below); stopping.")
             raise
-        restart = ""
+        restart, exit_code = "", None
         if left := torchrun_restarts_left():  # exit non-zero, or torchrun would take the job as done
-            trainer.run_state.exit_code = 128 + signum
+            exit_code = 128 + signum
             restart = (
-                f"; exiting with code {128 + signum} after the end hooks so that torchrun restarts the "
+                f"; exiting with code {exit_code} after the end hooks so that torchrun restarts the "
                 f"job ({left} restart(s) left), and the relaunch resumes from it"
             )
-        raise StopTrainingError(f"received {name}; saved the training state to {directory}{restart}")
+        raise StopTrainingError(
+            f"received {name}; saved the training state to {directory}{restart}", exit_code=exit_code
+        )
 
     # ------------------------------------------------------------------ safe points
 
@@ -267,7 +269,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             and config is not None
             and (
                 trainer.progress.batch_index % config.gradient_accumulation_steps == 0
-                or trainer.run_state.epoch_trained
+                or trainer.loop_state.epoch_trained
             )
         ):
             self._stop_on(trainer, self._agreed_signal(trainer, self._eval_batches))
@@ -293,7 +295,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         other end hooks still run. Rotation counts published states only, so a state still
         being written in the background is neither counted nor deleted.
         """
-        position = (*trainer.progress.state_dict().values(), trainer.run_state.epoch_finished)
+        position = (*trainer.progress.state_dict().values(), trainer.loop_state.epoch_finished)
         if (
             position == self._saved_at
             and self._saved_dir is not None
@@ -308,7 +310,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         try:
             trainer.save_training_state(
                 directory,
-                checkpoint_kwargs={"global_step": trainer.run_state.run_step(trainer.progress)},
+                checkpoint_kwargs={"global_step": trainer.run_identity.run_step(trainer.progress)},
                 **options,
             )
             self._last_saved_step = trainer.progress.global_step
@@ -337,7 +339,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
 def _step_name(trainer: Trainer) -> str:
     """``step_{N}``, N the run's updates so far (over its ``train()`` calls)."""
-    return f"step_{trainer.run_state.run_step(trainer.progress)}"
+    return f"step_{trainer.run_identity.run_step(trainer.progress)}"
 
 
 def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> None:
@@ -352,7 +354,7 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     versions, without that key, and states marked ``"finite": false`` may be deleted, but they
     never make rotation delete the newest finite one, even when they are newer.
     """
-    states = sorted((path for _, path in list_complete_states(save_dir)), key=_save_order)  # oldest first
+    states = sorted((path for _, path in list_complete_states(save_dir)), key=save_order)  # oldest first
     finite = [
         path for path in states if path == just_saved or (read_manifest(path) or {}).get("finite") is True
     ]
@@ -361,16 +363,6 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
         # A linked state: the link, never what it points to. One that cannot be removed is tried again later.
         remove_entry(path, ignore_errors=True)
-
-
-def _save_order(state: Path) -> tuple[int, int]:
-    """The run's update step of a complete state, then the time its manifest was written."""
-    manifest = read_manifest(state) or {}
-    try:
-        written = (state / MANIFEST).stat().st_mtime_ns
-    except OSError:
-        written = 0
-    return int(manifest.get("run_step", manifest.get("global_step", 0))), written
 
 
 def auto_resume_folder(callback_handler: CallbackHandler) -> Path:

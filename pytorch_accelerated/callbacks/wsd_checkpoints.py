@@ -121,6 +121,30 @@ class WSDCheckpointCallback(TrainerCallback):
         self._total_steps = int(total) if total is not None else max(steps, default=None)
         return scheduler
 
+    def _load_initial_training_state(self, trainer: Trainer, path: Path) -> dict[str, Any]:
+        """Load the weights, optimizer, scheduler, callback (this one's too) and RNG states of the
+        training state ``path`` while the run keeps its own position, identity, history, epoch loss,
+        shuffle seed and list of saves: it starts afresh."""
+        saved, position, identity, loop, history = (
+            list(self.saved_checkpoints),
+            trainer.progress.state_dict(),
+            trainer.run_identity.state_dict(),
+            trainer.loop_state.state_dict(),
+            trainer.run_history.state_dict(),
+        )
+        sampler = trainer.loaders.train_sampler
+        seed = sampler.seed if sampler is not None else None
+        loaded = dict(trainer.load_training_state(path))
+        self.saved_checkpoints = saved
+        trainer.progress.load_state_dict(position)
+        trainer.run_identity.load_state_dict(identity)
+        trainer.loop_state.load_state_dict(loop)
+        trainer.loop_state.train_loss.reset()
+        if sampler is not None and seed is not None:
+            sampler.seed = seed
+        trainer.run_history.load_state_dict(history)
+        return loaded
+
     def _load_initial_checkpoint(self, trainer: Trainer, scheduler: Any) -> None:
         assert self.initial_checkpoint is not None  # checked by the caller
         path = Path(self.initial_checkpoint)
@@ -133,20 +157,7 @@ class WSDCheckpointCallback(TrainerCallback):
             )
             return
         if path.is_dir():
-            # Load the weights, optimizer, scheduler, callback (this one's too) and RNG states while
-            # the run keeps its own position, history, epoch loss and list of saves: it starts afresh.
-            saved, position, run_state, history = (
-                list(self.saved_checkpoints),
-                trainer.progress.state_dict(),
-                trainer.run_state.state_dict(),
-                trainer.run_history.state_dict(),
-            )
-            loaded = dict(trainer.load_training_state(path))
-            self.saved_checkpoints = saved
-            trainer.progress.load_state_dict(position)
-            trainer.run_state.load_state_dict(run_state)
-            trainer.run_state.train_loss.reset()
-            trainer.run_history.load_state_dict(history)
+            loaded = self._load_initial_training_state(trainer, path)
         else:
             loaded = trainer.load_checkpoint(
                 path,

@@ -20,17 +20,17 @@ Training states (directories that hold everything needed to resume a run):
 - :mod:`.trainable`: which parameters require gradients, recorded and restored (fine-tuning).
 - :mod:`.resume`: the position a state records, the run's settings checked against the saved
   ones, and the position restored; :mod:`.reshard`: the position mapped onto other settings.
-- :mod:`.settings_checks`: the run's settings a state records (training-set length, seed,
+- :mod:`.changed_settings`: the run's settings a state records (training-set length, seed,
   optimizer), compared on resume: refused or announced; the line a resume prints.
 - :mod:`.sharded`: sharded models (FSDP): their whole states, and their shards in training states.
 - :mod:`.original_states`: reading training states written by pytorch-accelerated 0.1.x.
 
 Both kinds of checkpoint:
 
-- :mod:`.files`: single files: values made safe to load, atomic writes, loading that never runs
+- :mod:`.torch_files`: torch file I/O: values made safe to load, atomic writes, loading that never runs
   code from the file (``weights_only=True``).
 - :mod:`.model_files`: single-file checkpoints (``save_checkpoint`` / ``load_checkpoint``).
 - :mod:`.finite`: the check, at save time, that no NaN or infinite weights are written.
-- :mod:`.state_checks`: every file read and checked against its object before anything is loaded.
+- :mod:`.file_checks`: every file read and checked against its object before anything is loaded.
 - :mod:`.collective_saves`: which process writes what, and every process agreeing on the outcome.
 """

@@ -28,6 +28,7 @@ from .._internal.errors import add_note
 from .._internal.hangs import is_collective_failure
 from .discovery import candidate_states
 from .original_states import is_original_state
+from .resume import ResumePlan
 
 #: The value of ``resume_from`` that chooses by itself.
 AUTO = "auto"
@@ -49,11 +50,11 @@ class AutoResume:
         self.failures: list[dict[str, Any]] = []  # the records every machine's folder holds
         self.origin: dict[str, Any] | None = None  # the state the run resumed from (None: new)
 
-    def choose(self) -> Path | None:
-        """The state (or folder of states) to resume from, or None for a new run; every process
-        must call this, and every process gets the same answer.
+    def choose(self) -> ResumePlan | None:
+        """The plan of the resume (the states to try), or None for a new run; every process must call
+        this, and every process gets the same answer. The folder is listed once, here.
 
-        When every machine sees the same states, the folder: its newest complete, verified state is
+        When every machine sees the same states, the folder's: its newest complete, verified state is
         taken, as with ``resume_from=folder``. When their folders differ, the newest state that every
         machine has. None when no machine has any (then one line says a new run starts).
 
@@ -68,9 +69,14 @@ class AutoResume:
         nodes = [node for node in views if node is not None]
         self.failures = [record for node in nodes for record in node["failures"]]
         chosen = decide(self.folder, nodes)
-        if chosen is None and accelerator.is_main_process:
-            print(f'resume_from="auto": no training state in {self.folder}, starting a new run')
-        return chosen
+        if chosen is None:
+            if accelerator.is_main_process:
+                print(f'resume_from="auto": no training state in {self.folder}, starting a new run')
+            return None
+        if chosen != self.folder:  # the newest state every machine has
+            return ResumePlan(chosen, (chosen,), explicit=True, auto=True)
+        names = nodes[0]["states"]  # the folder itself ("."), or its states, in the order to try them
+        return ResumePlan(self.folder, tuple(self.folder / name for name in names), names == ["."], auto=True)
 
     def check_not_repeating(self, origin: dict[str, Any] | None) -> None:
         """Before training: note where the run starts (``origin``: the ``run_id`` and ``update`` of
@@ -210,8 +216,7 @@ def _states_in(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     try:
-        # The resume itself warns about other runs' states.
-        candidates, _ = candidate_states(folder, warn=False)
+        candidates, _ = candidate_states(folder)  # warns when the folder holds other runs' states
     except ValueError:
         if any(is_original_state(child) for child in folder.iterdir() if child.is_dir()):
             raise  # states of 0.1.x: they are resumed only when named

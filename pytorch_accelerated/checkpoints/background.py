@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .directories import list_files, publish, temporary_dir_for, write_files, write_manifest
-from .files import CheckpointWriteError, write_failure
+from .torch_files import CheckpointWriteError, write_failure
 
 
 def to_host(value: Any, buffers: dict[tuple[int, str, int], Any]) -> Any:

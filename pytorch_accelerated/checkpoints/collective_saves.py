@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._internal.distributed import ranks_where
-from . import files
+from . import torch_files
 from .directories import temporary_dir_for
 
 
@@ -41,7 +41,7 @@ class CollectiveSave:
     def agree(self, error: Exception | None) -> None:
         """Raise on every process if this step of the save failed on any.
 
-        The process that failed raises its own error, as a :class:`files.CheckpointWriteError`
+        The process that failed raises its own error, as a :class:`.torch_files.CheckpointWriteError`
         naming the target and the OS error when there was one; the others say which process failed.
         """
         failed = ranks_where(self.accelerator, error is not None)
@@ -50,17 +50,19 @@ class CollectiveSave:
         if self.clean_up is not None:
             self.clean_up()
         if error is None:
-            raise files.CheckpointWriteError(
+            raise torch_files.CheckpointWriteError(
                 None,
                 f"Could not save {self.what} to {self.target}: process {', '.join(map(str, failed))} failed to "
                 f"write it (its output says why). {_left_behind(self.target)}; {self.kept}.",
                 self.target,
             )
-        if isinstance(error, files.CheckpointWriteError) and not error.message.startswith("Could not save"):
-            raise files.CheckpointWriteError(
+        if isinstance(error, torch_files.CheckpointWriteError) and not error.message.startswith(
+            "Could not save"
+        ):
+            raise torch_files.CheckpointWriteError(
                 error.errno,
                 f"Could not save {self.what} to {self.target}: {error.message}. {_left_behind(self.target)}; "
-                f"{self.kept}. {files.write_hint(error, self.target)}",
+                f"{self.kept}. {torch_files.write_hint(error, self.target)}",
                 self.target,
             ) from error
         raise error
@@ -101,7 +103,7 @@ def unshared_directory_error(
     collective timeout."""
     if temporary.is_dir() or saves_on_each_node(accelerator):
         return error
-    return files.CheckpointWriteError(
+    return torch_files.CheckpointWriteError(
         getattr(error, "errno", None) or errno.ENOENT,
         f"process {accelerator.process_index} cannot see the directory {temporary} that the main process "
         f"created, though it saw the folder's lock there (a file system shared with a delay?). Give each "

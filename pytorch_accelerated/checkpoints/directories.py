@@ -24,7 +24,7 @@ replaces the link, never what it points to, and says so; rotation and the remova
 remove links, never their targets. A regular file of a state's name is never replaced.
 
 Before anything is loaded, every file read is checked against the CRC-32 in the manifest (see
-:func:`.files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
+:func:`.torch_files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
 changed anywhere in a state is found. Manifests of version 1 (0.1.61-era and earlier versions
 of this library) have no checksums and are read unchecked.
 """
@@ -41,7 +41,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .files import CheckpointWriteError, Checksum, file_crc32, write_failure, write_torch_file
+from .torch_files import CheckpointWriteError, Checksum, file_crc32, write_failure, write_torch_file
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"
@@ -86,7 +86,7 @@ def make_temporary_dir(output_dir: Path) -> Path:
     """Create the empty hidden directory that a state for ``output_dir`` is written into.
 
     Raises:
-        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file),
+        torch_files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file),
             or ``output_dir`` when it is a regular file, which a save would replace.
     """
     if output_dir.is_file():  # a link to a file too: a user's file, never replaced by a state
@@ -132,7 +132,7 @@ def remove_temporary(output_dir: Path) -> None:
 
 
 def write_file(obj: Any, path: Path) -> None:
-    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`.files.write_torch_file`)."""
+    """``torch.save`` ``obj`` to ``path``, flushed to disk (see :func:`.torch_files.write_torch_file`)."""
     write_torch_file(obj, path)
 
 

@@ -120,7 +120,12 @@ def _newest_run(folder: Path, complete: list[tuple[dict[str, Any], int, Path]], 
 
 def run_step(manifest: dict[str, Any]) -> int:
     """A state's update step over its run's ``train()`` calls (the global step in older states)."""
-    return int(manifest.get("run_step", manifest["global_step"]))
+    return int(manifest.get("run_step", manifest.get("global_step", 0)))
+
+
+def save_order(state: Path) -> tuple[int, int]:
+    """A complete state's place among its run's saves: its update step, then when it was written."""
+    return run_step(read_manifest(state) or {}), _written(state)
 
 
 def _written(state: Path) -> int:

@@ -9,7 +9,7 @@ finite; when they are not, nothing is written and :class:`NonFiniteStateError` e
 (:class:`~.training_objects.TrainingObjects`) and the model to check.
 
 The training loss needs no bookkeeping of its own: the Trainer sums each step's loss on the
-device (``trainer.run_state.train_loss.running_total``), and that sum is NaN or infinite once
+device (``trainer.loop_state.train_loss.running_total``), and that sum is NaN or infinite once
 any loss of the epoch was. Reading it is the only host read, made at checks only.
 """
 
@@ -76,7 +76,7 @@ def state_is_finite(state: Mapping[str, Any]) -> bool:
 def check_finite_before_save(objects: TrainingObjects, model: nn.Module, what: str) -> None:
     """Raise :class:`NonFiniteStateError` on every process if the weights of ``model``
     (parameters and floating-point buffers) or the epoch's training loss (the sum of this epoch's
-    losses, ``objects.run_state.train_loss.running_total``) are not finite on any process.
+    losses, ``objects.loop_state.train_loss.running_total``) are not finite on any process.
 
     ``what`` names what would have been written (e.g. ``"the training state 'states/step_8'"``);
     the error names it, the update step (``objects.progress.global_step``), what was not finite
@@ -88,7 +88,7 @@ def check_finite_before_save(objects: TrainingObjects, model: nn.Module, what: s
     if weights is not None:
         flags[0] = weights.to(device)
     flags[1] = torch.as_tensor(
-        non_finite_loss_flag(objects.run_state.train_loss.running_total), device=device
+        non_finite_loss_flag(objects.loop_state.train_loss.running_total), device=device
     )
     rows = per_process(objects.accelerator, flags)  # one row per process, read once: which processes saw what
     if any(value > 0 for row in rows for value in row):

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import files, finite, original_states, resume, settings_checks, sharded, state_checks, trainable
+from . import changed_settings, file_checks, finite, original_states, resume, sharded, torch_files, trainable
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
@@ -92,12 +92,12 @@ class StateLayout(ABC):
             loaded.trainer_state,
             loaded.objects.get("optimizer.pt"),
         )
-        notices = settings_checks.check_training_set(
+        notices = changed_settings.check_training_set(
             objects, directory, state, loaded.manifest["batch_index"] > 0
         )
         mapped = resume.check_run_settings(objects, directory, loaded.manifest, state)
-        settings_checks.announce(
-            directory, notices + settings_checks.changes(objects, state, saved_optimizer)
+        changed_settings.announce(
+            directory, notices + changed_settings.changes(objects, state, saved_optimizer)
         )
         return mapped
 
@@ -119,7 +119,7 @@ class PlainLayout(StateLayout):
         collective with some engines; only the writing process writes it."""
         # The plain model's keys, even compiled.
         return {
-            "model.pt": state_checks.without_compile_prefix(objects.accelerator.get_state_dict(objects.model))
+            "model.pt": file_checks.without_compile_prefix(objects.accelerator.get_state_dict(objects.model))
         }
 
     def files_to_write(
@@ -135,7 +135,7 @@ class PlainLayout(StateLayout):
         contents: dict[str, Any] = {
             f"rng_state_{objects.accelerator.process_index}.pt": {
                 "rng": capture_rng_states(),
-                **objects.run_state.process_state_dict(position["batch_index"] > 0),
+                **objects.loop_state.process_state_dict(position["batch_index"] > 0),
             }
         }
         if shared is not None:
@@ -159,7 +159,7 @@ class PlainLayout(StateLayout):
     def manifest(self, objects: TrainingObjects, position: dict[str, int]) -> dict[str, Any]:
         """What the manifest records besides the files: the position, the run's batch settings and
         the run that wrote it."""
-        config, loader, run_state = objects.run_config, objects.train_dataloader, objects.run_state
+        config, loader, identity = objects.run_config, objects.train_dataloader, objects.run_identity
         return {
             **position,
             "finite": True,  # every save checks the weights first (finite.check_finite_before_save)
@@ -167,10 +167,10 @@ class PlainLayout(StateLayout):
             "per_device_batch_size": config.train_per_device_batch_size if config else None,
             "gradient_accumulation_steps": config.gradient_accumulation_steps if config else None,
             "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
-            "run_id": run_state.run_id,  # the run that wrote it, and its updates over its train() calls
-            "run_step": run_state.steps_before + position["global_step"],
+            "run_id": identity.run_id,  # the run that wrote it, and its updates over its train() calls
+            "run_step": identity.steps_before + position["global_step"],
             # What train() was given: a resume on another number of processes may change it.
-            "asked_accumulation_steps": run_state.asked_accumulation,
+            "asked_accumulation_steps": identity.asked_accumulation,
         }
 
     # ------------------------------------------------------------------ reading and loading
@@ -178,36 +178,36 @@ class PlainLayout(StateLayout):
     def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
         manifest = read_manifest(directory)
         if manifest is None:
-            raise state_checks.UnusableStateError(
+            raise file_checks.UnusableStateError(
                 manifest_problem(directory)
                 or f"{directory} is not a complete training state (its manifest is missing or unreadable)."
             )
         if manifest.get("finite") is False:
-            raise state_checks.UnusableStateError(
+            raise file_checks.UnusableStateError(
                 f"{directory} holds NaN or infinite weights (so its manifest records)."
             )
         model_state = self.read_weights(directory, manifest, objects)
         listed, targets = set(manifest.get("files", ())), objects.stateful()
         saved = {
-            name: state_checks.read_file(directory, name, manifest)
+            name: file_checks.read_file(directory, name, manifest)
             for name, target in targets.items()
             if name in listed and target is not None
         }
         for name, state in saved.items():
-            state_checks.check_object_state(targets[name], state, str(directory / name))
-        state = state_checks.read_file(directory, "trainer_state.pt", manifest)
+            file_checks.check_object_state(targets[name], state, str(directory / name))
+        state = file_checks.read_file(directory, "trainer_state.pt", manifest)
         where = directory / "trainer_state.pt"
-        state_checks.require_keys(
+        file_checks.require_keys(
             state,
             ("progress", "run_history", "callbacks", "checkpoint_kwargs", "loss_weight_unit", "shuffle_seed"),
             where,
         )
-        state_checks.require_keys(
+        file_checks.require_keys(
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
-        state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        file_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
         trainable.read_record(state, where)
-        process_state = state_checks.read_process_state(
+        process_state = file_checks.read_process_state(
             directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
         )
         return LoadedState(
@@ -219,12 +219,12 @@ class PlainLayout(StateLayout):
     ) -> dict[str, Any]:
         """Read and check the whole model's state (it loads into a sharded run too)."""
         model = objects.plain_model()
-        model_state = state_checks.match_model_keys(
-            model, state_checks.read_file(directory, "model.pt", manifest)
+        model_state = file_checks.match_model_keys(
+            model, file_checks.read_file(directory, "model.pt", manifest)
         )
-        state_checks.check_model_state(model, model_state, str(directory))
+        file_checks.check_model_state(model, model_state, str(directory))
         if not finite.state_is_finite(model_state):
-            raise state_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
+            raise file_checks.UnusableStateError(f"{directory / 'model.pt'} holds NaN or infinite weights.")
         return model_state
 
     def load(self, loaded: LoadedState, objects: TrainingObjects, resuming: bool) -> None:
@@ -300,12 +300,12 @@ class OriginalLayout(StateLayout):
     def read(self, directory: Path, objects: TrainingObjects) -> LoadedState:
         saved = original_states.read_original_state(directory, objects.accelerator.process_index)
         model = objects.plain_model()
-        model_state = state_checks.match_model_keys(model, saved.model)
-        state_checks.check_model_state(model, model_state, str(directory))
+        model_state = file_checks.match_model_keys(model, saved.model)
+        file_checks.check_model_state(model, model_state, str(directory))
         targets = objects.stateful()
         states = {name: state for name, state in saved.objects.items() if targets.get(name) is not None}
         for name, state in states.items():
-            state_checks.check_object_state(targets[name], state, f"{directory} ({name})")
+            file_checks.check_object_state(targets[name], state, f"{directory} ({name})")
         steps = objects.run_config.num_update_steps_per_epoch if objects.run_config is not None else None
         state = {
             "progress": {
@@ -377,20 +377,20 @@ def trainer_state(
 ) -> dict[str, Any]:
     """``trainer_state.pt``: the position, the run history, each callback's state and the shared
     part of the run's working state, with the user's ``checkpoint_kwargs``."""
-    run_state = objects.run_state.state_dict()
+    run_state = resume.run_state_dict(objects)
     history = objects.run_history.state_dict()
     # The history's epoch follows the saved position (older versions read it from here).
     history["current_epoch"] = run_state["history_first_epoch"] + position["epoch"]
     callbacks = {
-        key: files.to_safe_value(state, f"{key}.state_dict()")
+        key: torch_files.to_safe_value(state, f"{key}.state_dict()")
         for key, state in objects.callbacks.state_dict().items()
     }
     return {
         "progress": position,
-        "run_history": files.to_safe_value(history, "run_history"),
+        "run_history": torch_files.to_safe_value(history, "run_history"),
         "callbacks": callbacks,
         **run_state,
-        "run_settings": settings_checks.run_settings(objects),
+        "run_settings": changed_settings.run_settings(objects),
         "frozen_parameters": trainable.frozen_parameters(objects.plain_model(keep_torch_compile=False)),
         "checkpoint_kwargs": extra,
     }

@@ -17,7 +17,8 @@ from typing import Any
 from torch import nn
 
 from .._internal.distributed import ranks_where
-from . import collective_saves, files, finite, sharded, state_checks
+from . import collective_saves, file_checks, finite, sharded
+from .torch_files import atomic_torch_save, checksum_file, recorded_checksum, safe_torch_load, to_safe_value
 from .training_objects import TrainingObjects
 
 _RESERVED = {"model_state_dict", "optimizer_state_dict", "scheduler_state_dict"}
@@ -47,7 +48,7 @@ def save_checkpoint(
     ``<save_path>.crc32``, and checked by :func:`load_checkpoint` before anything is loaded.
 
     Raises:
-        CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.files`)
+        CheckpointWriteError: (an ``OSError``, from :mod:`pytorch_accelerated.checkpoints.torch_files`)
             on every process when the file could not be written, naming it and the OS
             error; an earlier file at ``save_path`` is kept and no temporary file is left.
     """
@@ -57,7 +58,7 @@ def save_checkpoint(
         sharded.refuse_fsdp1_optimizer(accelerator, objects.optimizer, "save_checkpoint", "save_optimizer")
     source = objects.model if model is None else model
     finite.check_finite_before_save(objects, source, f"the checkpoint {str(save_path)!r}")
-    extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
+    extra = to_safe_value(dict(checkpoint_kwargs or {}))
     if reserved := _RESERVED & set(extra):
         raise ValueError(f"checkpoint_kwargs may not use the reserved keys {sorted(reserved)}; rename them.")
     writer = accelerator.is_local_main_process if save_per_node else accelerator.is_main_process
@@ -66,7 +67,7 @@ def save_checkpoint(
     everywhere = sharded.is_sharded(source) and any(rank > 0 for rank in ranks_where(accelerator, writer))
     # The plain model's keys, also for a torch.compile'd model (no "_orig_mod." segments).
     checkpoint: dict[str, Any] = {
-        "model_state_dict": state_checks.without_compile_prefix(
+        "model_state_dict": file_checks.without_compile_prefix(
             sharded.full_model_state(accelerator, source, everywhere)
         )
     }
@@ -79,7 +80,7 @@ def save_checkpoint(
     checkpoint.update(extra)
     collective_saves.CollectiveSave(
         accelerator, "the checkpoint", Path(save_path), "an earlier file there is unchanged"
-    ).agree(collective_saves.attempt(files.atomic_torch_save, checkpoint, save_path) if writer else None)
+    ).agree(collective_saves.attempt(atomic_torch_save, checkpoint, save_path) if writer else None)
 
 
 def load_checkpoint(
@@ -109,8 +110,8 @@ def load_checkpoint(
     checkpoint, verified = _read(checkpoint_path)
     target = objects.plain_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
-    model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
-    state_checks.check_model_state(target, model_state, str(checkpoint_path))
+    model_state = file_checks.match_model_keys(target, checkpoint["model_state_dict"])
+    file_checks.check_model_state(target, model_state, str(checkpoint_path))
     # Absent states, and objects the trainer does not have (an evaluation-only Trainer), are skipped.
     wanted = {
         "optimizer_state_dict": (load_optimizer, optimizer),
@@ -122,7 +123,7 @@ def load_checkpoint(
         if load and obj is not None and checkpoint.get(key) is not None
     }
     for key, state in states.items():
-        state_checks.check_object_state(wanted[key][1], state, f"{checkpoint_path} ({key})")
+        file_checks.check_object_state(wanted[key][1], state, f"{checkpoint_path} ({key})")
     sharded.load_full_model_state(target, model_state)
     if "optimizer_state_dict" in states:
         sharded.load_full_optimizer_state(
@@ -138,8 +139,8 @@ def load_checkpoint(
 def _read(checkpoint_path: str | os.PathLike) -> tuple[dict[str, Any], bool]:
     """The dict of a file written by ``save_checkpoint``, and whether its bytes were checked (against
     the CRC-32 in its ``.crc32``: a file without one is read unchecked)."""
-    checksum = files.recorded_checksum(checkpoint_path, _FIX)
-    checkpoint = files.safe_torch_load(checkpoint_path, checksum)
+    checksum = recorded_checksum(checkpoint_path, _FIX)
+    checkpoint = safe_torch_load(checkpoint_path, checksum)
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
         raise ValueError(
             f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
@@ -148,7 +149,7 @@ def _read(checkpoint_path: str | os.PathLike) -> tuple[dict[str, Any], bool]:
 
 
 def _unverified(path: Path) -> str:
-    sidecar = files.checksum_file(path)
+    sidecar = checksum_file(path)
     return (
         f"Loaded {path} without checking its bytes: there is no {sidecar} beside it (save_checkpoint writes "
         f"one), so damage that still loads, such as a changed byte in a tensor's data, would go unnoticed. "

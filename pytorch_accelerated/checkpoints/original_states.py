@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from . import files
+from . import torch_files
+from .rng import numpy_state_dict
 
 METADATA = "trainer_metadata.pt"
 
@@ -64,14 +65,14 @@ def read_original_state(directory: Path, rank: int) -> OriginalState:
             f"only whole-model states can be resumed. Consolidate the weights with the original library, "
             f"or resume from a state saved without sharding."
         )
-    metadata = files.safe_torch_load(directory / METADATA)
+    metadata = torch_files.safe_torch_load(directory / METADATA)
     epoch = metadata.get("current_epoch") if isinstance(metadata, dict) else None
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
         raise ValueError(
             f"{directory / METADATA} holds no whole-number 'current_epoch' >= 1 (got {epoch!r}): it is not a training state of pytorch-accelerated."
         )
     objects = {
-        name: files.safe_torch_load(directory / original)
+        name: torch_files.safe_torch_load(directory / original)
         for name, original in _OBJECT_FILES.items()
         if (directory / original).is_file()
     }
@@ -81,7 +82,7 @@ def read_original_state(directory: Path, rank: int) -> OriginalState:
         if (match := re.fullmatch(r"custom_checkpoint_(\d+)\.pkl", path.name))
     ]
     if schedulers:
-        objects["scheduler.pt"] = files.safe_torch_load(max(schedulers)[1])
+        objects["scheduler.pt"] = torch_files.safe_torch_load(max(schedulers)[1])
     return OriginalState(
         epoch,
         {key: value for key, value in metadata.items() if key != "current_epoch"},
@@ -100,7 +101,7 @@ def _read_weights(directory: Path) -> dict[str, Any]:
 
         return dict(load_file(str(directory / "model.safetensors")))
     if (directory / "pytorch_model.bin").is_file():
-        return dict(files.safe_torch_load(directory / "pytorch_model.bin"))
+        return dict(torch_files.safe_torch_load(directory / "pytorch_model.bin"))
     raise FileNotFoundError(
         f"{directory} holds neither model.safetensors nor pytorch_model.bin: the weights are missing."
     )
@@ -118,7 +119,7 @@ def _read_rng(directory: Path, rank: int) -> dict[str, Any] | None:
     except Exception as error:  # not loadable safely: resume without these RNG states
         # Torch's reason, without its advice to load with weights_only=False.
         warnings.warn(
-            f"Could not load {path} safely ({files.torch_load_reason(error)}); the RNGs are not restored.",
+            f"Could not load {path} safely ({torch_files.torch_load_reason(error)}); the RNGs are not restored.",
             stacklevel=5,
         )
         return None
@@ -141,12 +142,5 @@ def _to_our_rng_layout(saved: dict[str, Any]) -> dict[str, Any]:
     if "torch_cuda_manual_seed" in saved:
         states["cuda"] = saved["torch_cuda_manual_seed"]
     if "numpy_random_seed" in saved:
-        kind, keys, position, has_gauss, cached = saved["numpy_random_seed"]
-        states["numpy"] = {
-            "kind": kind,
-            "keys": torch.as_tensor(keys.astype("int64")),
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
+        states["numpy"] = numpy_state_dict(saved["numpy_random_seed"])
     return states

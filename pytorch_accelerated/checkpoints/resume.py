@@ -1,5 +1,7 @@
-"""Where a run resumes: the position a training state records when it is saved, the run's
-settings checked against the saved ones before anything is loaded, and the position restored.
+"""Where a run resumes: the plan of a resume (:class:`ResumePlan`, chosen once), the position a
+training state records when it is saved, the run's settings checked against the saved ones before
+anything is loaded, the position restored, and what a resume restores once the run has started
+(:class:`Resumed`).
 
 A state saved mid-epoch on other settings (number of processes, per-device batch size,
 accumulation) continues at the same sample of the epoch's order (:mod:`.reshard`); one whose
@@ -11,16 +13,131 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+from accelerate.utils import set_seed
 
 from .._internal.distributed import print_once_per_node
 from ..data import batches_per_epoch, is_map_style
 from . import reshard
 from .directories import read_manifest
 from .discovery import candidate_states
-from .reshard import MappedPosition
-from .training_objects import TrainingObjects
+from .reshard import RESEED_KEY, MappedPosition
+from .rng import restore_rng_states
+from .trainable import TrainableParameters
+from .training_objects import Stateful, TrainingObjects
+
+
+@dataclass(frozen=True)
+class ResumePlan(os.PathLike):
+    """What ``train(resume_from=...)`` resumes, chosen once, before the run is set up: the training
+    states to try, newest first. ``train`` hands the plan to ``load_training_state`` as its
+    ``input_dir`` (a path: the one asked); loading it restores the first of ``states`` that passes
+    every check, at its exact position (see :meth:`.TrainingStateStore.resume`).
+
+    Attributes:
+        asked: the state or folder of states asked for, or the one ``resume_from="auto"`` chose.
+        states: the states to try, newest first; a state named by ``asked`` is the only one.
+        explicit: ``asked`` names one state, which is never swapped for another.
+        auto: chosen by ``resume_from="auto"`` (the resume's line says so).
+        problem: why ``asked`` holds no state to try; raised when the plan is loaded (an override
+            of ``load_training_state`` that restores a state of its own never meets it).
+    """
+
+    asked: Path
+    states: tuple[Path, ...]
+    explicit: bool
+    auto: bool = False
+    problem: Exception | None = None
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> ResumePlan:
+        """The plan of ``resume_from=path``: the states it names (see :func:`.discovery.candidate_states`)."""
+        try:
+            states, explicit = candidate_states(path)
+        except (OSError, ValueError) as problem:
+            return cls(Path(path), (), True, problem=problem)
+        return cls(Path(path), tuple(states), explicit)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.asked)
+
+    def __str__(self) -> str:
+        return os.fspath(self.asked)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.asked / name
+
+    def accumulation_keeping_global_batch(
+        self, accelerator: Any, per_device_batch_size: int, asked: int
+    ) -> int:
+        """The ``gradient_accumulation_steps`` of a run that resumes the newest of :attr:`states` (none:
+        ``asked``), keeping that state's global batch when it was saved on another number of processes
+        by the same settings (see :func:`.reshard.kept_accumulation`), with one line saying so.
+
+        Raises:
+            ValueError: before training, when no accumulation keeps it.
+        """
+        # The newest whose manifest reads (a damaged one is skipped by the resume too).
+        directory, manifest = next(
+            ((state, manifest) for state in self.states if (manifest := read_manifest(state))),
+            (self.asked, {}),
+        )
+        now = reshard.BatchSettings(accelerator.num_processes, per_device_batch_size, asked)
+        saved = reshard.BatchSettings.from_manifest(manifest)
+        kept = reshard.kept_accumulation(saved, manifest.get("asked_accumulation_steps"), now, directory)
+        if kept is None:
+            return asked
+        if kept != asked and accelerator.is_main_process:
+            print_once_per_node(
+                accelerator,
+                f"Resuming {directory} on {now.num_processes} process(es), saved on {saved.num_processes}: "
+                f"gradient_accumulation_steps {kept} instead of {asked} keeps its global batch of "
+                f"{saved.global_batch * saved.gradient_accumulation_steps} samples per update.",
+            )
+        return kept
+
+
+class Resumed(dict[str, Any]):
+    """What loading a :class:`ResumePlan` returns: ``{"current_epoch": E, **checkpoint_kwargs}``, as
+    ``load_training_state`` returns for any state, and what the resume restores once the run's start
+    events have fired (:meth:`restore_after_start`).
+
+    Attributes:
+        directory: the state loaded.
+        state: its ``trainer_state.pt``: the callbacks' states (``callbacks``; None in 0.1.x's) and
+            what the resume's line reports (``epoch_trained``).
+        rng_states: this process's RNG states (None: not restorable).
+        trainable: which parameters require gradients, as saved (None: the state records nothing).
+    """
+
+    def __init__(
+        self,
+        returned: dict[str, Any],
+        directory: Path,
+        state: dict[str, Any],
+        rng_states: dict[str, Any] | None,
+        trainable: TrainableParameters | None,
+    ) -> None:
+        super().__init__(returned)
+        self.directory, self.state, self.rng_states, self.trainable = directory, state, rng_states, trainable
+
+    def restore_after_start(self, callbacks: Stateful) -> None:
+        """Restore which parameters require gradients, the callbacks' states, then the RNGs: after
+        ``on_training_run_start`` (callbacks set themselves up there, and a script may freeze a model
+        for a new run; the saved state goes in after), last of all, once nothing else can draw from
+        the RNGs."""
+        if self.trainable is not None:  # which parameters require gradients, as saved
+            self.trainable.restore()
+        if self.state["callbacks"] is not None:
+            callbacks.load_state_dict(self.state["callbacks"])
+        if self.rng_states is not None:
+            restore_rng_states(self.rng_states)
+            if RESEED_KEY in self.rng_states:  # a rank that saved no RNG states: its own stream
+                set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(self.rng_states[RESEED_KEY]))
 
 
 def position_to_save(objects: TrainingObjects) -> dict[str, int]:
@@ -31,7 +148,7 @@ def position_to_save(objects: TrainingObjects) -> dict[str, int]:
     """
     position = objects.progress.state_dict()
     config = objects.run_config
-    if objects.run_state.epoch_finished:
+    if objects.loop_state.epoch_finished:
         # The epoch's last event has fired: a resumed run starts the next epoch.
         position.update(epoch=position["epoch"] + 1, batch_index=0, epoch_step=0)
     elif (
@@ -50,50 +167,40 @@ def position_to_save(objects: TrainingObjects) -> dict[str, int]:
     return position
 
 
+def run_state_dict(objects: TrainingObjects) -> dict[str, Any]:
+    """What a state records of the run besides its position, history and callbacks, the same on every
+    process: its identity, the loss weighting unit, whether the epoch's training was done, and the
+    shuffle sampler's seed."""
+    sampler = objects.train_sampler
+    return {
+        **objects.run_identity.state_dict(),
+        **objects.loop_state.state_dict(),
+        "shuffle_seed": sampler.seed if sampler is not None else None,
+        # The training set's length and, in an epoch resumed on other settings, the samples its
+        # order starts after: a resume on other settings maps the position through them.
+        "train_samples": sampler.num_samples if sampler is not None else None,
+        "samples_skipped": sampler.skipped if sampler is not None else 0,
+    }
+
+
+def load_run_state_dict(objects: TrainingObjects, state: dict[str, Any]) -> None:
+    """Restore what :func:`run_state_dict` recorded (but the samples skipped: see :func:`adopt_run_settings`)."""
+    objects.run_identity.load_state_dict(state)
+    objects.loop_state.load_state_dict(state)
+    if objects.train_sampler is not None and state["shuffle_seed"] is not None:
+        objects.train_sampler.seed = state["shuffle_seed"]
+
+
 def restore_position(objects: TrainingObjects, state: dict[str, Any], process_state: dict[str, Any]) -> None:
     """Restore the saved position, run history (when saved) and working state of the run."""
     objects.progress.load_state_dict(state["progress"])
     if state["run_history"] is not None:
         # States saved before the first epoch was recorded: the history's epoch tells it.
         first_epoch = state["run_history"]["current_epoch"] - state["progress"]["epoch"]
-        objects.run_state.load_state_dict({"history_first_epoch": first_epoch, **state})
+        load_run_state_dict(objects, {"history_first_epoch": first_epoch, **state})
         objects.run_history.load_state_dict(state["run_history"])
-    objects.run_history.set_current_epoch(objects.run_state.history_first_epoch + objects.progress.epoch)
-    objects.run_state.load_process_state_dict(process_state, objects.accelerator.device)
-
-
-def accumulation_keeping_global_batch(
-    path: str | os.PathLike, accelerator: Any, per_device_batch_size: int, asked: int
-) -> int:
-    """The ``gradient_accumulation_steps`` of a run that resumes the newest state at ``path`` (a
-    state or a folder of them; none there: ``asked``), keeping that state's global batch when it
-    was saved on another number of processes by the same settings (see
-    :func:`.reshard.kept_accumulation`), with one line saying so.
-
-    Raises:
-        ValueError: before training, when no accumulation keeps it.
-    """
-    try:
-        candidates = candidate_states(path, warn=False)[0]  # the resume itself warns about other runs
-    except (OSError, ValueError):
-        return asked  # nothing to resume: the resume itself says so, or the run starts fresh
-    # The newest whose manifest reads (a damaged one is skipped by the resume too).
-    directory, manifest = next(
-        ((state, manifest) for state in candidates if (manifest := read_manifest(state))), (Path(path), {})
-    )
-    now = reshard.BatchSettings(accelerator.num_processes, per_device_batch_size, asked)
-    saved = reshard.BatchSettings.from_manifest(manifest)
-    kept = reshard.kept_accumulation(saved, manifest.get("asked_accumulation_steps"), now, directory)
-    if kept is None:
-        return asked
-    if kept != asked and accelerator.is_main_process:
-        print_once_per_node(
-            accelerator,
-            f"Resuming {directory} on {now.num_processes} process(es), saved on {saved.num_processes}: "
-            f"gradient_accumulation_steps {kept} instead of {asked} keeps its global batch of "
-            f"{saved.global_batch * saved.gradient_accumulation_steps} samples per update.",
-        )
-    return kept
+    objects.run_history.set_current_epoch(objects.run_identity.history_first_epoch + objects.progress.epoch)
+    objects.loop_state.load_process_state_dict(process_state, objects.accelerator.device)
 
 
 def check_run_settings(
@@ -158,7 +265,7 @@ def _map_saved_position(
 
     Without the Trainer's shuffle sampler, only a change that keeps the samples per batch index
     (processes x per-device batch) and the accumulation maps: to the same batch."""
-    config, sampler, accelerator = objects.run_config, objects.run_state.train_sampler, objects.accelerator
+    config, sampler, accelerator = objects.run_config, objects.train_sampler, objects.accelerator
     assert config is not None
     skipped = int(state.get("samples_skipped") or 0)
     reason = None
@@ -195,7 +302,7 @@ def adopt_run_settings(
 ) -> None:
     """After a resume's position is restored: continue at ``mapped`` (see :mod:`.reshard`),
     and let the loss weighting find its unit again when the per-device batch size changed."""
-    window, sampler, config = objects.run_state.window, objects.run_state.train_sampler, objects.run_config
+    window, sampler, config = objects.loop_state.window, objects.train_sampler, objects.run_config
     if (
         window is not None
         and config is not None

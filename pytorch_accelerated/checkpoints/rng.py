@@ -15,15 +15,21 @@ def capture_rng_states() -> dict[str, Any]:
     states: dict[str, Any] = {"python": _to_lists(random.getstate()), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
-    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-    states["numpy"] = {
+    states["numpy"] = numpy_state_dict(np.random.get_state(legacy=True))
+    return states
+
+
+def numpy_state_dict(state: Any) -> dict[str, Any]:
+    """numpy's legacy RNG state ``(kind, keys, position, has_gauss, cached_gaussian)`` as values that
+    load with ``weights_only=True`` (:func:`restore_rng_states` takes them back)."""
+    kind, keys, position, has_gauss, cached = state
+    return {
         "kind": kind,
         "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
         "position": int(position),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached),
     }
-    return states
 
 
 def restore_rng_states(states: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ from accelerate.utils.constants import OPTIMIZER_NAME
 from torch import nn
 
 from .._internal.fsdp import fsdp2_modules, is_dtensor, uses_fsdp
-from . import files, state_checks
+from . import file_checks, torch_files
 from .directories import file_checksum
 
 
@@ -237,7 +237,7 @@ def save_model(accelerator: Any, model: nn.Module, directory: Path) -> None:
     """Write this process's shards of ``model`` into ``directory`` (every process must call this).
 
     Raises:
-        files.CheckpointWriteError: naming ``directory`` and the OS error, when there was one.
+        torch_files.CheckpointWriteError: naming ``directory`` and the OS error, when there was one.
     """
     from accelerate.utils.fsdp_utils import save_fsdp_model
 
@@ -255,7 +255,7 @@ def save_optimizer(accelerator: Any, optimizer: Any, model: nn.Module, directory
 
 @contextlib.contextmanager
 def _write_errors(directory: Path) -> Iterator[None]:
-    """Raise a failed write as :func:`files.write_failure` says; when DCP reports it (its
+    """Raise a failed write as :func:`.torch_files.write_failure` says; when DCP reports it (its
     ``CheckpointException`` holds the exception of each process that failed, on every process),
     as a ``CheckpointWriteError`` naming those processes and the OS error."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
@@ -265,17 +265,19 @@ def _write_errors(directory: Path) -> Iterator[None]:
     except (Exception, CheckpointException) as error:
         failures: dict[int, Any] = getattr(error, "failures", None) or {}
         for _, failure in sorted(failures.items()):
-            os_error = files.find_in_chain(failure[0] if isinstance(failure, tuple) else failure, OSError)
+            os_error = torch_files.find_in_chain(
+                failure[0] if isinstance(failure, tuple) else failure, OSError
+            )
             if os_error is not None:
                 reason = (os_error.strerror or str(os_error)) + (
                     f" (errno {os_error.errno})" if os_error.errno else ""
                 )
-                raise files.CheckpointWriteError(
+                raise torch_files.CheckpointWriteError(
                     os_error.errno,
                     f"{reason} while process {', '.join(map(str, sorted(failures)))} wrote its shards into {directory}",
                     directory,
                 ) from error
-        raise files.write_failure(error, directory) from error
+        raise torch_files.write_failure(error, directory) from error
 
 
 def load(
@@ -335,9 +337,9 @@ def check_sharded_state(
     keys and shapes, the optimizer's parameters.
 
     Raises:
-        FileNotFoundError: a listed file is missing. files.CheckpointFileError: a file's bytes
-            changed. state_checks.UnusableStateError: a file is truncated or not DCP's.
-            state_checks.StateMismatchError: the shards do not fit.
+        FileNotFoundError: a listed file is missing. torch_files.CheckpointFileError: a file's bytes
+            changed. file_checks.UnusableStateError: a file is truncated or not DCP's.
+            file_checks.StateMismatchError: the shards do not fit.
     """
     listed = [str(name) for name in manifest.get("files", ())]
     missing = [name for name in listed if not (directory / name).is_file()]
@@ -347,19 +349,19 @@ def check_sharded_state(
         )
     for name in listed:
         if Path(name).name == ".metadata":
-            with files.checked(directory / name, file_checksum(manifest, name)):
+            with torch_files.checked(directory / name, file_checksum(manifest, name)):
                 metadata = read_dcp_metadata(directory / name)
             _check_shard_lengths(directory / Path(name).parent, metadata)
             _check_saved_keys(directory / Path(name).parent, metadata, model, optimizer)
     # Each shard file's bytes, by one process (the .metadata files were checked above, the .pt where read).
     for name in [shard for shard in listed if not shard.endswith((".pt", ".metadata"))][ranks[0] :: ranks[1]]:
-        with files.checked(directory / name, file_checksum(manifest, name)):
+        with torch_files.checked(directory / name, file_checksum(manifest, name)):
             pass
     full_model = directory / "pytorch_model_fsdp.bin"
     if full_model.is_file() and ranks[0] == 0:  # FULL_STATE_DICT: one file, loaded by process 0
-        state_checks.check_model_state(
+        file_checks.check_model_state(
             model,
-            files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name)),
+            torch_files.safe_torch_load(full_model, checksum=file_checksum(manifest, full_model.name)),
             str(full_model),
         )
 
@@ -395,22 +397,22 @@ def read_dcp_metadata(path: Path) -> Any:
     classes (DCP itself unpickles the file without restriction).
 
     Raises:
-        state_checks.UnusableStateError: naming the file, when it is damaged or names other objects.
+        file_checks.UnusableStateError: naming the file, when it is damaged or names other objects.
     """
     try:
         with open(path, "rb") as file:
             metadata = _MetadataUnpickler(file).load()
     except pickle.UnpicklingError as error:
-        raise state_checks.UnusableStateError(
+        raise file_checks.UnusableStateError(
             f"{path} is not torch.distributed.checkpoint's metadata: {error}. It was refused unread, since "
             f"unpickling it could run code; the state was changed after it was saved."
         ) from error
     except Exception as error:  # EOFError, ValueError, ...: cut short or damaged
-        raise state_checks.UnusableStateError(
+        raise file_checks.UnusableStateError(
             f"{path} is truncated or corrupt ({type(error).__name__}: {error})."
         ) from error
     if not hasattr(metadata, "state_dict_metadata") or not hasattr(metadata, "storage_data"):
-        raise state_checks.UnusableStateError(
+        raise file_checks.UnusableStateError(
             f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint's metadata."
         )
     return metadata
@@ -428,7 +430,7 @@ def _check_shard_lengths(directory: Path, metadata: Any) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{directory} is missing the shard {name} that its .metadata lists.")
         if path.stat().st_size < length:
-            raise state_checks.UnusableStateError(
+            raise file_checks.UnusableStateError(
                 f"{path} is truncated or corrupt ({path.stat().st_size} bytes, the metadata places {length} bytes in it)."
             )
 
@@ -438,7 +440,7 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
     ``model``'s parameters, in as many parameter groups as ``optimizer`` has."""
     entries = metadata.state_dict_metadata
     if any(key.startswith("model.") for key in entries):
-        state_checks.check_model_state(
+        file_checks.check_model_state(
             model,
             {
                 key[len("model.") :]: torch.empty(tuple(value.size), device="meta")
@@ -457,7 +459,7 @@ def _check_saved_keys(directory: Path, metadata: Any, model: nn.Module, optimize
     groups = {key.split(".")[2] for key in entries if key.startswith("optimizer.param_groups.")}
     unknown = sorted(saved - {name for name, _ in model.named_parameters()})
     if unknown or len(groups) != len(optimizer.param_groups):
-        raise state_checks.StateMismatchError(
+        raise file_checks.StateMismatchError(
             f"{directory} does not fit this optimizer: it holds {len(groups)} parameter group(s), the optimizer has "
             f"{len(optimizer.param_groups)}"
             + (f"; state for parameters the model does not have: {', '.join(unknown[:5])}" if unknown else "")

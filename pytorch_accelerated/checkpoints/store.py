@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import torch
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import gather_object
 
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import files, finite, folder_lock, resume, settings_checks, sharded, trainable
+from . import changed_settings, finite, folder_lock, resume, sharded, torch_files, trainable
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -43,23 +42,21 @@ from .directories import (
     write_files,
     write_manifest,
 )
-from .discovery import candidate_states
 from .layouts import LoadedState, PlainLayout, layout_for_saving, layout_of
-from .reshard import RESEED_KEY
-from .rng import restore_rng_states
-from .training_objects import Stateful, TrainingObjects
+from .resume import Resumed, ResumePlan
+from .training_objects import TrainingObjects
 
 if TYPE_CHECKING:
-    from ..run_config import RunState
+    pass
 
 
 class TrainingStateStore:
     """Saves, waits for, loads and resumes training states (the Trainer's ``state_store``).
 
     It owns what lives between those calls: the state being written in the background (at most
-    one, with the update step it was saved at), the host memory that the next background copy
-    reuses, and whether a load is a resume (inside :meth:`resuming`). Each call is given the run's
-    objects (:class:`~.training_objects.TrainingObjects`); every process must make it.
+    one, with the update step it was saved at) and the host memory that the next background copy
+    reuses. Each call is given the run's objects (:class:`~.training_objects.TrainingObjects`);
+    every process must make it.
 
     It also holds the folders that states are saved into (:meth:`hold`), one run per folder, until
     the end of the run (or of the save, outside a run).
@@ -69,7 +66,6 @@ class TrainingStateStore:
         self._accelerator = accelerator
         self._background: tuple[BackgroundStateWrite, int] | None = None
         self._host_buffers: dict[tuple[int, str, int], Any] = {}
-        self._resuming: str | None = None  # inside resuming(): "path", or "auto"
         self._shared: bool | None = None  # whether the machines share the folders (None: not known yet)
         self._told_synchronous = False
         self._held: dict[Path, dict[str, Any] | None] = {}  # folder -> its lock's record (writing process)
@@ -211,11 +207,11 @@ class TrainingStateStore:
         layout = layout_for_saving(objects.accelerator)
         layout.check_can_save(objects, output_dir, asynchronous)
         finite.check_finite_before_save(objects, objects.model, f"the training state {str(output_dir)!r}")
-        extra = files.to_safe_value(dict(checkpoint_kwargs or {}))
+        extra = torch_files.to_safe_value(dict(checkpoint_kwargs or {}))
         position = resume.position_to_save(objects)
         weights = layout.weights(objects)  # on every process: collective with some engines
         try:
-            self.hold(output_dir.parent, objects.run_state.run_id)
+            self.hold(output_dir.parent, objects.run_identity.run_id)
             # Saved on each machine (found just now): synchronously (its background publication would
             # need a shared folder), not sharded.
             if self._shared is False:
@@ -330,8 +326,8 @@ class TrainingStateStore:
             self.release()
         try:
             self._collective(job.output_dir).agree(cast(Exception | None, error))
-        except files.CheckpointWriteError as failure:
-            raise files.CheckpointWriteError(
+        except torch_files.CheckpointWriteError as failure:
+            raise torch_files.CheckpointWriteError(
                 failure.errno,
                 f"{failure.message} (It was being written in the background, after update step {step}; "
                 f"its error is raised at the next save, load or end of the run.)",
@@ -365,23 +361,11 @@ class TrainingStateStore:
 
     # ------------------------------------------------------------------ loading
 
-    @contextlib.contextmanager
-    def resuming(self, auto: bool = False) -> Iterator[None]:
-        """Inside this, :meth:`load` restores a state as ``train(resume_from=...)`` does: the run's
-        settings are checked against the saved ones first (a state saved mid-epoch on other
-        settings continues at the same sample of the epoch's order), and the callback and RNG
-        states wait in ``run_state.pending_resume`` until the run's start events have fired
-        (:meth:`apply_pending_resume`). ``auto``: the state was chosen by ``resume_from="auto"``
-        (its line says so, and names the run)."""
-        self._resuming = "auto" if auto else "path"
-        try:
-            yield
-        finally:
-            self._resuming = None
-
     def load(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> dict[str, Any]:
-        """What ``Trainer.load_training_state`` does: restore a state saved by ``save_training_state``; return ``{"current_epoch": E,
-        **checkpoint_kwargs}``, E the epoch (counted from 1) the state was saved in.
+        """What ``Trainer.load_training_state`` does: restore a state saved by ``save_training_state``;
+        return ``{"current_epoch": E, **checkpoint_kwargs}``, E the epoch (counted from 1) the state was
+        saved in. Given the :class:`~.resume.ResumePlan` of ``train(resume_from=...)``, it resumes the
+        run (see :meth:`resume`) and returns a :class:`~.resume.Resumed`.
 
         ``input_dir`` may be a state directory or a folder of them (the newest good one is
         taken: a newer one that is damaged or holds non-finite weights is skipped with a
@@ -389,49 +373,61 @@ class TrainingStateStore:
         see :mod:`pytorch_accelerated.checkpoints.original_states`). Every file is checked
         before anything is loaded, so a bad state changes nothing. A state saved sharded under
         FSDP loads only under the same FSDP configuration (on any number of processes); a plain
-        state loads under FSDP too (see :mod:`pytorch_accelerated.checkpoints.sharded`). To continue training from
-        it, use ``train(..., resume_from=input_dir)``: it calls this method, so an override
-        runs there too (inside ``train`` the state is restored as a resume, at its exact
-        position; see :meth:`resuming`). All or nothing: a state named explicitly is never swapped for another.
+        state loads under FSDP too (see :mod:`pytorch_accelerated.checkpoints.sharded`). The
+        callbacks' and RNGs' states are restored at once. All or nothing: a state named explicitly
+        is never swapped for another.
         """
-        self.wait()  # a state still being written in the background
-        loaded = self._choose(objects, input_dir)
-        layout, directory, state = loaded.layout, loaded.directory, loaded.trainer_state
-        settings_checks.check_optimizer(objects, directory, state, loaded.objects.get("optimizer.pt"))
-        mapped = layout.map_position(loaded, objects) if self._resuming else None
-        layout.load(loaded, objects, self._resuming is not None)
-        resume.restore_position(objects, state, loaded.process_state)
-        if self._resuming:
-            resume.adopt_run_settings(objects, loaded.manifest, mapped)
-            if objects.accelerator.is_main_process:
-                print_once_per_node(
-                    objects.accelerator,
-                    settings_checks.resume_line(
-                        objects, directory, Path(input_dir), state, auto=self._resuming == "auto"
-                    ),
-                )
-        objects.run_state.pending_resume = {
-            "callbacks": loaded.trainer_state["callbacks"],
-            "rng": loaded.process_state["rng"],
-            "trainable": trainable.to_restore(
-                objects.plain_model(keep_torch_compile=False), state, directory, self._resuming is not None
-            ),
-        }
-        if not self._resuming:
-            self.apply_pending_resume(objects.run_state, objects.callbacks)
-        return {"current_epoch": loaded.saved_epoch, **loaded.trainer_state["checkpoint_kwargs"]}
+        if isinstance(input_dir, ResumePlan):
+            return self.resume(objects, input_dir)
+        loaded = self._load(objects, ResumePlan.of(input_dir), resuming=False)
+        loaded.restore_after_start(objects.callbacks)  # at once: no run is starting
+        return dict(loaded)
 
-    def _choose(self, objects: TrainingObjects, input_dir: str | os.PathLike) -> LoadedState:
-        """Read and check the state at ``input_dir``, or the newest good one in the folder
-        ``input_dir``, agreeing across processes.
+    def resume(self, objects: TrainingObjects, plan: ResumePlan) -> Resumed:
+        """Resume the run from the first state of ``plan`` that passes every check: the run's settings
+        are checked against the saved ones first (a state saved mid-epoch on other settings continues
+        at the same sample of the epoch's order), the position and the run's working state restored,
+        and one line printed (naming the run when ``plan`` was chosen by ``resume_from="auto"``); the
+        callbacks' and RNGs' states are returned, to restore once the run's start events have fired
+        (:meth:`.Resumed.restore_after_start`)."""
+        resumed = self._load(objects, plan, resuming=True)
+        if objects.accelerator.is_main_process:
+            line = changed_settings.resume_line(
+                objects, resumed.directory, plan.asked, resumed.state, plan.auto
+            )
+            print_once_per_node(objects.accelerator, line)
+        return resumed
+
+    def _load(self, objects: TrainingObjects, plan: ResumePlan, resuming: bool) -> Resumed:
+        """Load the first state of ``plan`` that passes every check: the weights and the objects saved
+        whole, the position, the run history and the run's working state; ``resuming``: the run's
+        settings are checked against the saved ones first, and a position saved on other settings is
+        mapped onto them."""
+        self.wait()  # a state still being written in the background
+        loaded = self._choose(objects, plan)
+        state = loaded.trainer_state
+        changed_settings.check_optimizer(objects, loaded.directory, state, loaded.objects.get("optimizer.pt"))
+        mapped = loaded.layout.map_position(loaded, objects) if resuming else None
+        loaded.layout.load(loaded, objects, resuming)
+        resume.restore_position(objects, state, loaded.process_state)
+        if resuming:
+            resume.adopt_run_settings(objects, loaded.manifest, mapped)
+        returned = {"current_epoch": loaded.saved_epoch, **state["checkpoint_kwargs"]}
+        plain = objects.plain_model(keep_torch_compile=False)
+        trainable_parameters = trainable.to_restore(plain, state, loaded.directory, resuming)
+        return Resumed(returned, loaded.directory, state, loaded.process_state["rng"], trainable_parameters)
+
+    def _choose(self, objects: TrainingObjects, plan: ResumePlan) -> LoadedState:
+        """Read and check the first state of ``plan`` that passes every check, agreeing across processes.
 
         Raises:
-            The error of an explicitly named state that fails the checks; a ValueError listing
-            every candidate and its problem when none in a folder passes.
+            The plan's problem (no state to try); the error of an explicitly named state that fails
+            the checks; a ValueError listing every candidate and its problem when none in a folder passes.
         """
-        candidates, explicit = candidate_states(input_dir)
+        if plan.problem is not None:
+            raise plan.problem
         problems: list[tuple[Path, Exception]] = []
-        for directory in candidates:
+        for directory in plan.states:
             loaded: LoadedState | None = None
             problem: Exception | None = None
             try:
@@ -457,32 +453,12 @@ class TrainingStateStore:
                     ),
                 )
             )
-            if explicit:
+            if plan.explicit:
                 raise problems[-1][1]
         raise ValueError(
-            f"{input_dir} holds no usable training state ({len(problems)} tried, newest first: "
+            f"{plan.asked} holds no usable training state ({len(problems)} tried, newest first: "
             f"{'; '.join(f'{directory.name}: {error}' for directory, error in problems)})."
         )
-
-    @staticmethod
-    def apply_pending_resume(run_state: RunState, callbacks: Stateful) -> None:
-        """Restore which parameters require gradients, the callback states, then the RNGs, that a resume
-        keeps back.
-
-        On resume this runs after ``on_training_run_start`` (callbacks set themselves up there;
-        their saved state goes in after) and last of all, once nothing else can draw from the RNGs.
-        """
-        if (pending := run_state.pending_resume) is None:
-            return
-        run_state.pending_resume = None
-        if pending.get("trainable") is not None:  # which parameters require gradients, as saved
-            pending["trainable"].restore()
-        if pending["callbacks"] is not None:  # None: a state that holds none (0.1.x)
-            callbacks.load_state_dict(pending["callbacks"])
-        if pending["rng"] is not None:
-            restore_rng_states(pending["rng"])
-            if RESEED_KEY in pending["rng"]:  # a rank that saved no RNG states: its own stream
-                set_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) + int(pending["rng"][RESEED_KEY]))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from .state_checks import UnusableStateError, few
+from .file_checks import UnusableStateError, few
 
 #: Segments that wrappers add to the names of parameters inside the model (``torch.compile``, FSDP1,
 #: activation checkpointing): a name is recorded without them, as the plain model's.

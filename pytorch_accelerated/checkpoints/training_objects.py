@@ -16,8 +16,9 @@ from torch import nn
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from ..run_config import RunProgress, RunState, TrainerRunConfig
-    from ..tracking import RunHistory
+    from ..data import ReproducibleShuffleSampler
+    from ..run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
+    from ..run_history import RunHistory
 
 
 class Stateful(Protocol):
@@ -38,12 +39,14 @@ class TrainingObjects:
         optimizer: the optimizer as prepared (None: an evaluation-only Trainer).
         scheduler: the scheduler of the current run, or None.
         progress: where the run is (epoch, optimizer step, batch).
-        run_state: the loop's working state (running losses, shuffle sampler, step metrics, ...).
+        run_identity: which run this is (its id, its earlier ``train()`` calls' updates, ...).
+        loop_state: the loop's working state (running losses, loss weighting, step metrics, ...).
         run_history: the metrics recorded so far.
         callbacks: the callback handler (each stateful callback's state, by its ``state_key``).
         run_config: the run's settings (None outside a training run).
         train_dataloader: the run's prepared training loader (None outside a training run).
         train_dataset: the run's training data set.
+        train_sampler: the training loader's shuffle sampler (None: it has none).
     """
 
     accelerator: Accelerator
@@ -51,12 +54,14 @@ class TrainingObjects:
     optimizer: Any
     scheduler: Any
     progress: RunProgress
-    run_state: RunState
+    run_identity: RunIdentity
+    loop_state: LoopState
     run_history: RunHistory
     callbacks: Stateful
     run_config: TrainerRunConfig | None
     train_dataloader: Any
     train_dataset: Any
+    train_sampler: ReproducibleShuffleSampler | None
 
     def plain_model(self, keep_torch_compile: bool = True) -> nn.Module:
         """The model without its distributed wrappers."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._internal.validation import check_whole_number
+from .._internal.argument_checks import check_whole_number
 from ..placeholders import is_placeholder
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._internal.validation import check_whole_number
+from .._internal.argument_checks import check_whole_number
 from ..placeholders import TrainerPlaceholderValues, is_placeholder
 from .base import SchedulerBase, StatefulSchedulerBase, check_int, check_non_negative, warn_configuration_only
 

@@ -29,7 +29,7 @@ from pytorch_accelerated.callbacks import (
     WSDCheckpointCallback,
 )
 from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.utils import ModelEma
 from tests.helpers import make_regression_data

@@ -10,6 +10,7 @@ Each item is exercised in pytorch-accelerated 0.1.61's form: its return shapes, 
 from __future__ import annotations
 
 import functools
+import os
 import random
 import warnings
 from pathlib import Path
@@ -346,6 +347,34 @@ def test_an_override_returning_current_epoch_without_super_starts_the_run_at_tha
     assert trainer.epochs_started == [3, 4]  # epochs 3 and 4 of 4, as 0.1.61 started at epoch 3
     assert trainer.progress.epoch == 4 and trainer.progress.global_step == 8
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
+
+
+@pytest.mark.parametrize("given", [str, Path], ids=["str", "Path"])
+def test_an_override_is_given_a_path_it_can_open_as_the_one_asked(tmp_path: Path, given: Any) -> None:
+    seen: list[tuple[str, str, Path, Path]] = []
+
+    class Records(RestoresItself):
+        def load_training_state(self, training_state_dir: Any) -> dict[str, Any]:
+            seen.append(
+                (
+                    os.fspath(training_state_dir),
+                    str(training_state_dir),
+                    Path(training_state_dir),
+                    training_state_dir / "weights.pt",
+                )
+            )
+            return super().load_training_state(training_state_dir)
+
+    (tmp_path / "mine").mkdir()
+    torch.save(
+        trained(num_epochs=1, scheduler=False).get_model().state_dict(), tmp_path / "mine" / "weights.pt"
+    )
+    model = make_linear_model(seed=1)
+    trainer = Records(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    trainer.train(DATA, num_epochs=4, per_device_batch_size=4, resume_from=given(tmp_path / "mine"))
+    mine = tmp_path / "mine"
+    assert seen == [(str(mine), str(mine), mine, mine / "weights.pt")]
+    assert trainer.epochs_started == [3, 4]
 
 
 def test_an_override_returning_a_current_epoch_past_num_epochs_trains_nothing(tmp_path: Path) -> None:

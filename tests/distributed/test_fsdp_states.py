@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.checkpoints import directories, sharded, state_checks
+from pytorch_accelerated.checkpoints import directories, file_checks, sharded
 from tests.helpers import reseal_state
 from tests.launch import WorkerRun, load_worker_module, start_workers
 
@@ -294,7 +294,7 @@ def test_a_truncated_shard_is_found_before_anything_is_loaded(runs: dict[str, An
     shard = state / "optimizer_0" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(
-        state_checks.UnusableStateError,
+        file_checks.UnusableStateError,
         match=rf"{shard} is truncated or corrupt \(\d+ bytes, the metadata places \d+ bytes in it\)",
     ):
         check(state)
@@ -321,7 +321,7 @@ def test_a_metadata_file_that_would_run_code_is_refused_unread(
     (state / "optimizer_0" / ".metadata").write_bytes(pickle.dumps(RunsCode()))
     reseal_state(state)  # as whoever crafted it could: a checksum is no signature
     with pytest.raises(
-        state_checks.UnusableStateError,
+        file_checks.UnusableStateError,
         match=r"is not torch.distributed.checkpoint's metadata: it names builtins.print",
     ):
         check(state)
@@ -333,7 +333,7 @@ def test_shards_of_another_model_are_refused_naming_the_mismatch(
 ) -> None:
     other = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
     with pytest.raises(
-        state_checks.StateMismatchError,
+        file_checks.StateMismatchError,
         match=r"size mismatch for 2.bias: \(2,\) in the file, \(3,\) in the model",
     ):
         check(damaged_copy(runs, tmp_path), other)

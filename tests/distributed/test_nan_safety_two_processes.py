@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from tests.launch import WorkerRun, launch_workers
 
 ONSETS = tuple(range(1, 13))  # workers/nan_safety.py: every update of an epoch

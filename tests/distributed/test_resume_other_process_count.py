@@ -6,6 +6,12 @@ seen) and stops; two runs then resume from that state at the same time, on 1 pro
 (where 12 is not a multiple of the new global batch of 8). Each must load the saved weights
 and optimizer state exactly and visit every sample not yet seen in that epoch exactly once.
 Settings whose position does not map are refused before training (in this process).
+
+``resume_from="auto"`` on another number of processes keeps the saved global batch: a 2-process run
+of ``workers/auto_resume.py`` (per-device batch 4, 8 samples per update) killed after its state of
+update 4, relaunched on 1 process, accumulates 2 batches per update and ends where the uninterrupted
+2-process run ends, whether the batch is given as ``per_device_batch_size`` or as
+``train_dataloader_kwargs={"batch_size": 4}``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from tests.launch import WorkerRun, launch_workers, start_workers
 
 NUM_SAMPLES = 28  # as in workers/reshard_worker.py
 SAVE_AT = 3  # batches per process: 3 x 2 processes x 2 = 12 samples seen
+#: How workers/auto_resume.py is given its per-device batch of 4 (3 epochs of 6 updates on 2 processes).
+BATCH_GIVEN = {"per_device_batch_size": (), "train_dataloader_kwargs": ("--batch-in-kwargs", "1")}
+AUTO_RESUME_UPDATES = 18
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +58,44 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, WorkerRun]:
         for nproc in (1, 4)
     }
     return {2: saved, **{nproc: group.wait() for nproc, group in groups.items()}}
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
+    """The uninterrupted 2-process run ("plain"), and for each way of giving the batch, the 2-process
+    run SIGKILLed at update 5 (its newest state: step_4) relaunched on 1 process (by that name)."""
+    root = tmp_path_factory.mktemp("elastic_batch")
+    script = "auto_resume.py"
+    plain = start_workers(script, root / "plain", "--save-dir", str(root / "plain_states"))
+    killed = {
+        how: start_workers(
+            script,
+            root / f"killed-{how}",
+            *("--save-dir", str(root / f"states-{how}"), "--kill-at-update", "5", *args),
+            expect_success=False,
+        )
+        for how, args in BATCH_GIVEN.items()
+    }
+    runs = {"plain": plain.wait(), **{f"killed-{how}": group.wait() for how, group in killed.items()}}
+    relaunched = {
+        how: start_workers(script, root / how, "--save-dir", str(root / f"states-{how}"), *args, nproc=1)
+        for how, args in BATCH_GIVEN.items()
+    }
+    return {**runs, **{how: group.wait() for how, group in relaunched.items()}}
+
+
+@pytest.mark.parametrize("how", list(BATCH_GIVEN))
+def test_an_auto_resume_on_1_process_keeps_the_global_batch_and_ends_where_the_2_process_run_ends(
+    elastic: dict[str, WorkerRun], how: str
+) -> None:
+    killed, resumed, plain = elastic[f"killed-{how}"], elastic[how], elastic["plain"].results[0]
+    assert killed.returncode != 0 and killed.results == [None, None], killed.describe()
+    result = resumed.results[0]
+    assert (result["num_processes"], result["accumulation"]) == (1, 2), resumed.describe()
+    assert "gradient_accumulation_steps 2 instead of 1 keeps its global batch of 8 samples" in resumed.output
+    assert result["global_step"] == plain["global_step"] == AUTO_RESUME_UPDATES
+    for name, weights in plain["weights"].items():  # the same means, summed in another order
+        torch.testing.assert_close(torch.tensor(result["weights"][name]), torch.tensor(weights))
 
 
 def seen_in_first_epoch(run: WorkerRun) -> list[int]:

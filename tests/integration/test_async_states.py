@@ -24,7 +24,7 @@ from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from pytorch_accelerated.schedulers import CosineLrScheduler
 from tests import forked
 from tests.helpers import assert_equal_nested, make_regression_data, subprocess_env

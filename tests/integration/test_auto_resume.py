@@ -82,6 +82,31 @@ def test_auto_after_a_failure_resumes_the_newest_state_naming_the_run_and_ends_b
     assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
 
 
+def test_auto_lists_the_folder_of_states_once_to_choose_the_state_and_resume_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(RuntimeError):
+        run(folder, 3, FailAt(7))
+    listings: list[Path] = []
+    iterdir = Path.iterdir
+
+    def listing(path: Path) -> Any:
+        if path == folder:
+            listings.append(path)
+        return iterdir(path)
+
+    class AtStart(TrainerCallback):
+        def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+            self.listed = len(listings)
+
+    monkeypatch.setattr(Path, "iterdir", listing)
+    at_start = AtStart()
+    trainer = run(folder, 3, at_start)
+    assert at_start.listed == 1  # the plan: chosen once, then loaded and its accumulation decided
+    assert trainer.resumed_from == folder / "step_6" and trainer.progress.global_step == 12
+
+
 def test_auto_skips_a_damaged_newest_state_with_a_warning(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     with pytest.raises(RuntimeError):

@@ -23,7 +23,11 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
-from pytorch_accelerated.checkpoints.files import CheckpointFileError, CheckpointWriteError, safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import (
+    CheckpointFileError,
+    CheckpointWriteError,
+    safe_torch_load,
+)
 from tests import forked
 from tests.helpers import (
     assert_equal_nested,

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from pytorch_accelerated.checkpoints.directories import read_manifest
-from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from tests import forked
 from tests.helpers import subprocess_env
 

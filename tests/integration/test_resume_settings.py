@@ -18,7 +18,7 @@ import torch
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback
-from pytorch_accelerated.checkpoints import settings_checks
+from pytorch_accelerated.checkpoints import changed_settings
 from tests.helpers import EventRecorder, make_linear_model, make_regression_data, make_trainer
 
 NUM_SAMPLES = 208
@@ -140,12 +140,12 @@ def test_an_older_state_without_the_class_is_refused_where_its_groups_lack_a_set
     with pytest.raises(
         ValueError, match=r"parameter groups lack \['dampening', 'momentum'\], which this run's"
     ):
-        settings_checks.check_optimizer(objects, Path("old"), {}, saved)  # type: ignore[arg-type]
+        changed_settings.check_optimizer(objects, Path("old"), {}, saved)  # type: ignore[arg-type]
     # Settings that torch fills in on load (added by newer versions) are no reason to refuse.
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).state_dict()
     for key in ("nesterov", "maximize", "foreach", "differentiable", "fused"):
         del sgd["param_groups"][0][key]
-    settings_checks.check_optimizer(objects, Path("old"), {}, sgd)  # type: ignore[arg-type]
+    changed_settings.check_optimizer(objects, Path("old"), {}, sgd)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- applied, with a notice
@@ -175,7 +175,7 @@ def test_epoch_boundary_state_resumes_on_another_training_set_length_with_a_noti
 def test_another_seed_is_announced_and_the_saved_one_kept(states: dict[str, Path]) -> None:
     trainer, notice = resumed_with_notice(states["mid"], seed=7)
     assert "seed=7 is not used: the saved seed 42 orders the epochs" in notice
-    assert trainer.run_state.train_sampler.seed == 42
+    assert trainer.loaders.train_sampler.seed == 42
 
 
 def test_another_learning_rate_is_announced_and_the_saved_one_wins(states: dict[str, Path]) -> None:

@@ -21,7 +21,7 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
 )
 from pytorch_accelerated.checkpoints.discovery import list_complete_states
-from pytorch_accelerated.checkpoints.files import atomic_torch_save, safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import atomic_torch_save, safe_torch_load
 from tests.helpers import make_linear_model, make_regression_data, reseal_state
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.callbacks.monitoring import EarlyStoppingCallback, SaveBestModelCallback
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from tests.helpers import EventRecorder, make_linear_model, make_regression_data
 
 SAMPLES, BATCH = 16, 4  # 4 optimizer updates per epoch

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.checkpoints.files import CheckpointFileError, safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import CheckpointFileError, safe_torch_load
 from tests.helpers import (
     assert_equal_nested,
     make_regression_data,

@@ -14,7 +14,7 @@ import torch
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.checkpoints.directories import MANIFEST, read_manifest
-from pytorch_accelerated.checkpoints.files import CheckpointFileError
+from pytorch_accelerated.checkpoints.torch_files import CheckpointFileError
 from tests.helpers import as_version_1, assert_equal_nested, make_regression_data, snapshot
 from tests.helpers import make_trainer as make_any_trainer
 

@@ -88,7 +88,7 @@ def run_examples(tests: list[doctest.DocTest]) -> tuple[doctest.TestResults, str
 def test_every_module_of_the_package_is_listed() -> None:
     assert walked_module_names() <= set(MODULES)
     # The namespace package that pkgutil skips holds examples too.
-    assert "pytorch_accelerated._internal.validation" in MODULES
+    assert "pytorch_accelerated._internal.argument_checks" in MODULES
     assert {"pytorch_accelerated", "pytorch_accelerated.trainer", "pytorch_accelerated.utils"} <= set(MODULES)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.callbacks.ema import ModelEmaCallback
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from pytorch_accelerated.utils import ModelEma
 from tests.helpers import (
     RecordUpdates,

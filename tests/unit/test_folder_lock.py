@@ -77,7 +77,7 @@ def test_the_lock_is_held_during_the_run_and_released_at_its_end_and_after_an_ex
         trainer = make_trainer((SaveTrainingStateCallback(tmp_path, save_every_n_steps=1), Look()))
         with pytest.raises(KeyboardInterrupt) if fail else warnings.catch_warnings():
             train(trainer)
-        assert seen[-1] == trainer.run_state.run_id
+        assert seen[-1] == trainer.run_identity.run_id
         assert not (tmp_path / LOCK_NAME).exists()
 
 
@@ -116,7 +116,7 @@ def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
     )
     trainer = make_trainer((SaveTrainingStateCallback(tmp_path),))
     train(trainer)
-    assert read_manifest(tmp_path / "final")["run_id"] == trainer.run_state.run_id
+    assert read_manifest(tmp_path / "final")["run_id"] == trainer.run_identity.run_id
     assert not (tmp_path / LOCK_NAME).exists()
 
 
@@ -170,7 +170,7 @@ def test_a_lock_removed_by_hand_during_the_run_is_taken_again_at_the_next_save(t
     seen: list[str] = []
     trainer = make_trainer((SaveTrainingStateCallback(tmp_path, save_every_n_steps=1), Remove()))
     train(trainer)
-    assert seen == [trainer.run_state.run_id] * 4
+    assert seen == [trainer.run_identity.run_id] * 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "step_1", "step_2", "step_3", "step_4"]
 
 
@@ -190,20 +190,20 @@ def test_the_run_id_is_new_per_run_and_continued_by_a_resume_and_a_call_that_kee
 ) -> None:
     first = make_trainer((SaveTrainingStateCallback(tmp_path / "a"),))
     train(first)
-    run_id = first.run_state.run_id
+    run_id = first.run_identity.run_id
     assert read_manifest(tmp_path / "a" / "final")["run_id"] == run_id
     train(first, num_epochs=2, reset_run_history=False)
-    assert first.run_state.run_id == run_id
+    assert first.run_identity.run_id == run_id
     train(first, num_epochs=1)  # the history reset: a new run
-    assert first.run_state.run_id != run_id
+    assert first.run_identity.run_id != run_id
     resumed = make_trainer((SaveTrainingStateCallback(tmp_path / "a"),))
     train(resumed, num_epochs=4, resume_from=tmp_path / "a")
-    assert resumed.run_state.run_id == first.run_state.run_id
+    assert resumed.run_identity.run_id == first.run_identity.run_id
     # A new run from an old state: load it, then train without resume_from.
     new = make_trainer((SaveTrainingStateCallback(tmp_path / "b"),))
     new.load_training_state(tmp_path / "a" / "final")
     train(new)
-    assert new.run_state.run_id not in {run_id, first.run_state.run_id}
+    assert new.run_identity.run_id not in {run_id, first.run_identity.run_id}
     assert read_manifest(tmp_path / "b" / "final")["run_step"] == 4
 
 
@@ -216,7 +216,7 @@ def test_a_folder_resume_continues_the_run_that_wrote_last_and_says_so(tmp_path:
         candidates, explicit = candidate_states(tmp_path)
     assert (candidates, explicit) == ([tmp_path / "final", tmp_path / "step_4", tmp_path / "step_2"], False)
     assert str(caught[0].message) == (
-        f"{tmp_path} holds the training states of 2 runs: continuing run {newer.run_state.run_id}, which wrote "
+        f"{tmp_path} holds the training states of 2 runs: continuing run {newer.run_identity.run_id}, which wrote "
         f"its newest state (final); the other runs' states (step_6, step_8, step_10, step_12) are not "
         f"considered. To resume one of those, name it: resume_from={str(tmp_path / 'step_12')!r}."
     )

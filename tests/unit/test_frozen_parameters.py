@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
-from pytorch_accelerated.checkpoints.state_checks import UnusableStateError
+from pytorch_accelerated.checkpoints.file_checks import UnusableStateError
 from pytorch_accelerated.finetuning import ModelFreezer
 from tests.helpers import make_regression_data, make_trainer, reseal_state
 

@@ -12,7 +12,7 @@ import pytest
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback
 from pytorch_accelerated.checkpoints.directories import SEAL, write_manifest
 from pytorch_accelerated.checkpoints.reshard import BatchSettings, kept_accumulation
-from pytorch_accelerated.checkpoints.resume import accumulation_keeping_global_batch
+from pytorch_accelerated.checkpoints.resume import ResumePlan
 from tests.helpers import make_regression_data, make_trainer
 
 STATE = Path("states/step_4")
@@ -73,24 +73,34 @@ def test_the_newest_state_of_a_folder_decides_and_one_line_says_what_changed(
 ) -> None:
     state = saved_state(tmp_path, num_processes=2)
     accelerator = make_trainer().accelerator  # one process
-    assert accumulation_keeping_global_batch(tmp_path / "states", accelerator, 4, 1) == 2
+    assert ResumePlan.of(tmp_path / "states").accumulation_keeping_global_batch(accelerator, 4, 1) == 2
     assert capsys.readouterr().out == (
         f"Resuming {state} on 1 process(es), saved on 2: gradient_accumulation_steps 2 instead of 1 keeps "
         f"its global batch of 8 samples per update.\n"
     )
-    assert accumulation_keeping_global_batch(tmp_path / "states", accelerator, 2, 1) == 1  # a new batch size
-    assert accumulation_keeping_global_batch(tmp_path / "empty", accelerator, 4, 3) == 3  # nothing to resume
+    assert (
+        ResumePlan.of(tmp_path / "states").accumulation_keeping_global_batch(accelerator, 2, 1) == 1
+    )  # a new batch size
+    assert (
+        ResumePlan.of(tmp_path / "empty").accumulation_keeping_global_batch(accelerator, 4, 3) == 3
+    )  # nothing to resume
     assert capsys.readouterr().out == ""
 
 
 def test_a_state_saved_on_these_processes_keeps_the_scripts_settings(tmp_path: Path) -> None:
     saved_state(tmp_path, num_processes=1)
-    assert accumulation_keeping_global_batch(tmp_path / "states", make_trainer().accelerator, 4, 1) == 1
+    assert (
+        ResumePlan.of(tmp_path / "states").accumulation_keeping_global_batch(make_trainer().accelerator, 4, 1)
+        == 1
+    )
 
 
 def test_a_newest_state_whose_manifest_is_damaged_is_passed_over_as_the_resume_does(tmp_path: Path) -> None:
     state = saved_state(tmp_path, num_processes=2, updates=4)
     damaged = tmp_path / "states" / "step_4" / "manifest.json"
     damaged.write_text(damaged.read_text()[:40])  # cut short, as by a full disk
-    assert accumulation_keeping_global_batch(tmp_path / "states", make_trainer().accelerator, 4, 1) == 2
+    assert (
+        ResumePlan.of(tmp_path / "states").accumulation_keeping_global_batch(make_trainer().accelerator, 4, 1)
+        == 2
+    )
     assert state.name == "step_2"

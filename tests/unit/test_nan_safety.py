@@ -28,8 +28,8 @@ from pytorch_accelerated.callbacks import (
     get_default_callbacks,
 )
 from pytorch_accelerated.callbacks.wsd_checkpoints import WSDCheckpointCallback
-from pytorch_accelerated.checkpoints.files import safe_torch_load
 from pytorch_accelerated.checkpoints.finite import NonFiniteStateError, non_finite_flag, state_is_finite
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from tests.helpers import as_version_1, make_regression_data
 from tests.helpers import make_trainer as make_any_trainer

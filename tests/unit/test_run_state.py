@@ -1,5 +1,6 @@
-"""Where a run is, on real runs: the history's epoch follows ``progress``, ``run_state`` is each
-run's own, ``accelerator`` is read-only, and built-in callbacks write through the public methods.
+"""Where a run is, on real runs: the history's epoch follows ``progress``, ``run_identity`` and
+``loop_state`` are each run's own, ``accelerator`` is read-only, and built-in callbacks write through
+the public methods.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pytorch_accelerated.callbacks import (
     TrainerCallback,
     WSDCheckpointCallback,
 )
-from pytorch_accelerated.run_config import RunState
+from pytorch_accelerated.checkpoints.resume import run_state_dict
+from pytorch_accelerated.run_config import LoopState, RunIdentity
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from pytorch_accelerated.tracking import InMemoryRunHistory, RunHistory
 from tests.helpers import make_linear_model, make_regression_data
@@ -88,7 +90,7 @@ def test_kept_history_continues_its_epoch_while_progress_restarts_at_0() -> None
     assert recorder.seen["on_train_epoch_start"] == [(4, 0), (5, 1), (6, 2)]
     assert trainer.run_history.current_epoch == 7
     assert trainer.progress.epoch == 3
-    assert trainer.run_state.history_first_epoch == 4
+    assert trainer.run_identity.history_first_epoch == 4
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 6
 
 
@@ -127,7 +129,7 @@ def test_after_an_early_stop_at_an_epoch_end_progress_and_run_state_are_those_of
     trainer = train(make_trainer((RecordFlatMetric(), stopper)), num_epochs=4)
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
     assert (trainer.run_history.current_epoch, trainer.progress.epoch) == (3, 2)
-    assert trainer.run_state.epoch_finished is False
+    assert trainer.loop_state.epoch_finished is False
 
 
 class ForwardOnlyHistory(RunHistory):
@@ -254,7 +256,7 @@ def test_a_history_with_only_the_abstract_methods_resumes_to_the_full_history(tm
     assert history_of(resumed) == history_of(uninterrupted)
 
 
-# ---------------------------------------------------------------------------- accelerator, run_state
+# ---------------------------------------------------------------------------- accelerator, the run's state
 
 
 def test_accelerator_is_the_trainers_own_and_read_only() -> None:
@@ -278,49 +280,77 @@ def test_accelerator_is_the_trainers_own_and_read_only() -> None:
 
 class RecordRunState(TrainerCallback):
     def __init__(self) -> None:
-        self.seen: list[tuple[str, RunState, Any]] = []
+        self.seen: list[tuple[str, tuple[RunIdentity, LoopState], Any]] = []
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen.append(("on_training_run_start", trainer.run_state, None))
+        self.seen.append(("on_training_run_start", run_state_of(trainer), trainer.resumed_from))
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen.append(("on_train_epoch_start", trainer.run_state, trainer.run_state.pending_resume))
+        self.seen.append(("on_train_epoch_start", run_state_of(trainer), trainer.resumed_from))
 
 
-def test_each_train_gets_a_fresh_run_state() -> None:
+def run_state_of(trainer: Trainer) -> tuple[RunIdentity, LoopState]:
+    return trainer.run_identity, trainer.loop_state
+
+
+def test_each_train_gets_a_fresh_run_identity_and_loop_state() -> None:
     recorder = RecordRunState()
     trainer = make_trainer((recorder,))
-    before = trainer.run_state
-    assert isinstance(before, RunState)
+    before = run_state_of(trainer)
+    assert isinstance(before[0], RunIdentity) and isinstance(before[1], LoopState)
     train(trainer, num_epochs=1)
-    first = trainer.run_state
-    assert first.epoch_finished is False
+    first = run_state_of(trainer)
+    assert first[1].epoch_finished is False
     train(trainer, num_epochs=1)
-    second = trainer.run_state
-    assert isinstance(first, RunState) and isinstance(second, RunState)
-    assert len({id(before), id(first), id(second)}) == 3
-    assert second.epoch_finished is False
-    # One object for the whole of each run.
-    assert [state for _, state, _ in recorder.seen] == [first, first, second, second]
-    assert recorder.seen[0][1] is first and recorder.seen[2][1] is second
+    second = run_state_of(trainer)
+    assert len({id(state) for states in (before, first, second) for state in states}) == 6
+    assert second[1].epoch_finished is False
+    assert second[0].run_id != first[0].run_id  # reset_run_history=True: a new run
+    # One object of each for the whole of each run.
+    assert [states for _, states, _ in recorder.seen] == [first, first, second, second]
+    assert all(a is b for a, b in zip(recorder.seen[0][1], first, strict=True))
 
 
-def test_pending_resume_is_cleared_once_a_resumed_run_has_started(tmp_path: Path) -> None:
+class Stateful(TrainerCallback):
+    """Records its events, and when its state is loaded."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.order.append("on_training_run_start")
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.order.append("on_train_epoch_start")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved": True}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.order.append("load_state_dict")
+
+
+def test_a_resumed_run_names_its_state_and_restores_callback_states_once_its_start_events_fired(
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
-    train(make_trainer((SaveStateAfterEpoch(state, epoch=1),)), num_epochs=2)
-    recorder = RecordRunState()
-    resumed = train(make_trainer((recorder,)), num_epochs=2, resume_from=state)
-    pending_at_epoch_start = [
-        pending for event, _, pending in recorder.seen if event == "on_train_epoch_start"
+    saved = train(make_trainer((SaveStateAfterEpoch(state, epoch=1), Stateful())), num_epochs=2)
+    assert saved.resumed_from is None
+    recorder, stateful = RecordRunState(), Stateful()
+    resumed = train(make_trainer((recorder, stateful)), num_epochs=2, resume_from=tmp_path)  # its newest
+    assert stateful.order == ["on_training_run_start", "load_state_dict", "on_train_epoch_start"]
+    assert [(event, found) for event, _, found in recorder.seen] == [
+        ("on_training_run_start", state),
+        ("on_train_epoch_start", state),
     ]
-    assert pending_at_epoch_start == [None]
-    assert resumed.run_state.pending_resume is None
-    assert resumed.run_state.epoch_finished is False
+    assert resumed.resumed_from == state and resumed.loop_state.epoch_finished is False
+    train(resumed, num_epochs=1)  # a new run
+    assert resumed.resumed_from is None
 
 
-def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_first_history_epoch() -> None:
+def test_a_state_records_the_weighting_unit_the_shuffle_seed_and_the_first_history_epoch() -> None:
     trainer = train(make_trainer(), num_epochs=1)
-    saved = trainer.run_state.state_dict()
+    saved = run_state_dict(trainer._training_objects())
     assert set(saved) == {
         "loss_weight_unit",
         "shuffle_seed",
@@ -336,10 +366,10 @@ def test_run_state_state_dict_holds_the_weighting_unit_the_shuffle_seed_and_the_
     assert saved["shuffle_seed"] == 42  # train()'s default seed
     assert saved["train_samples"] == len(trainer.train_dataset)
     assert saved["samples_skipped"] == 0  # only an epoch resumed on other settings skips samples
-    assert saved["run_id"] == trainer.run_state.run_id and saved["steps_before"] == 0
-    fresh = RunState()
-    assert fresh.state_dict() == {
-        "run_id": fresh.run_id,
+    assert saved["run_id"] == trainer.run_identity.run_id and saved["steps_before"] == 0
+    fresh = make_trainer()
+    assert run_state_dict(fresh._training_objects()) == {
+        "run_id": fresh.run_identity.run_id,
         "steps_before": 0,
         "loss_weight_unit": None,
         "shuffle_seed": None,

@@ -109,7 +109,7 @@ def test_batch_size_in_the_loader_kwargs_is_what_trains_evaluates_and_is_recorde
     assert (config.train_per_device_batch_size, config.train_total_batch_size) == (4, 8)
     assert (config.eval_per_device_batch_size, config.eval_total_batch_size) == (2, 2)
     assert counter.sizes == [2, 2, 2]
-    assert trainer.run_state.window is not None and trainer.run_state.window.per_device_batch_size == 4
+    assert trainer.loop_state.window is not None and trainer.loop_state.window.per_device_batch_size == 4
     trainer.save_training_state(tmp_path / "state")
     manifest = json.loads((tmp_path / "state" / "manifest.json").read_text())
     assert manifest["per_device_batch_size"] == 4

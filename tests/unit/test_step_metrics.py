@@ -192,7 +192,7 @@ class RecordsGradientNorms(Trainer):
 def test_grad_norm_is_the_total_norm_before_clipping(max_grad_norm: float | None) -> None:
     class AskForGradNorm(TrainerCallback):
         def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-            trainer.run_state.step_metrics.request(4, grad_norm=max_grad_norm is None)
+            trainer.loop_state.step_metrics.request(4, grad_norm=max_grad_norm is None)
 
     trainer, recorder = run(
         4, AskForGradNorm(), trainer_class=RecordsGradientNorms, max_grad_norm=max_grad_norm
@@ -578,7 +578,7 @@ def test_the_counter_catches_a_callback_reading_the_running_loss_every_step(tmp_
     steps_with_a_read = {read.batch for read in unexpected}
     assert len(steps_with_a_read) == batches - batches // EVERY  # every batch but the logged ones
     assert {(read.what, Path(read.where.split(":")[0]).name) for read in unexpected} == {
-        ("__float__", "tracking.py")
+        ("__float__", "run_history.py")
     }
     assert reads_at_unlogged_steps(counter.dispatch_reads)  # the same reads, seen at the ATen level
 

@@ -1,6 +1,6 @@
 """Every count the package takes is checked by one function, with one wording.
 
-``_internal/validation.check_whole_number`` (and ``schedulers/base.check_int``, which delegates
+``_internal/argument_checks.check_whole_number`` (and ``schedulers/base.check_int``, which delegates
 to it) is the only check of whole-number arguments. Each place that uses it is listed in
 :data:`PLACES`: a bad value raises ``ValueError`` with the message
 ``"[Owner: ]name must be a whole number >= minimum[ or None], got value."``, a valid value
@@ -147,7 +147,7 @@ def find_learning_rate_with_num_steps(value: Any) -> Any:
     return make_trainer().find_learning_rate(DATA, per_device_batch_size=4, num_steps=value)
 
 
-VALIDATION = "_internal/validation.py"
+VALIDATION = "_internal/argument_checks.py"
 PLACES = [
     Place(
         "find_learning_rate-num_steps",
@@ -439,7 +439,7 @@ PLACES = [
     ),
     Place(
         "load_training_state-current_epoch",
-        "runs.py",
+        "trainer.py",
         "ReturnsEpoch.load_training_state returned",
         "current_epoch",
         1,
@@ -543,7 +543,7 @@ def _non_docstring_strings(tree: ast.AST) -> list[str]:
     ]
 
 
-def test_the_whole_number_wording_is_defined_only_in_internal_validation() -> None:
+def test_the_whole_number_wording_is_defined_only_in_the_argument_checks() -> None:
     sources = {
         path.relative_to(PACKAGE).as_posix(): path.read_text(encoding="utf-8")
         for path in PACKAGE.rglob("*.py")

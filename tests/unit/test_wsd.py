@@ -12,7 +12,7 @@ import torch
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
 from pytorch_accelerated.callbacks.wsd_checkpoints import WSDCheckpointCallback
-from pytorch_accelerated.checkpoints.files import safe_torch_load
+from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from pytorch_accelerated.schedulers import WSDLrScheduler
 from tests.helpers import RecordUpdates, assert_close_weights, make_regression_data, weights
 from tests.helpers import make_trainer as make_any_trainer

@@ -14,7 +14,7 @@ from torch import nn
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.data import last_round_shares, num_rows, select_rows, zero_rows
-from pytorch_accelerated.loaders import RunLoaders
+from pytorch_accelerated.loaders import TrainerLoaders
 
 
 class Pair(NamedTuple):
@@ -88,7 +88,7 @@ def test_the_default_eval_loss_of_zero_rows_is_zero_without_calling_the_loss() -
 
 
 def test_an_error_on_a_padding_batch_gets_a_note_naming_the_fix() -> None:
-    loaders = RunLoaders(Accelerator(cpu=True))
+    loaders = TrainerLoaders(Accelerator(cpu=True))
     error = RuntimeError("cannot reshape tensor of 0 elements into shape [0, -1]")
     loaders.explain_padding_failure(error)
     assert not getattr(error, "__notes__", None)  # a real batch: the error as it was

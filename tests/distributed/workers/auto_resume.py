@@ -4,18 +4,21 @@ Started by tests/distributed/test_auto_resume.py (under torchrun, on 2 processes
 tests/integration/test_auto_resume.py (one process)::
 
     python auto_resume.py --out OUT --save-dir DIR [--fail-at-update N] [--fail-once MARKER]
-                          [--kill-at-update N] [--update-sleep S]
+                          [--kill-at-update N] [--update-sleep S] [--batch-in-kwargs 1]
 
 The run: the MLP of ``common.py``, SGD with momentum, 48 samples in per-device batches of 4
 (6 updates per epoch on 2 processes, 12 on 1), 3 epochs, a state saved into ``--save-dir`` every
-2 updates; ``resume_from="auto"``. ``--fail-at-update N``: a callback raises
+2 updates; ``resume_from="auto"`` (``--batch-in-kwargs 1``: the per-device batch of 4 is given as
+``train_dataloader_kwargs={"batch_size": 4}``, ``per_device_batch_size`` left at its default 8).
+``--fail-at-update N``: a callback raises
 ``RuntimeError("injected failure at update N")`` on every process at update N (with
 ``--fail-once MARKER``: only while the file MARKER does not exist; the failing attempt creates
 it). ``--kill-at-update N``: the process SIGKILLs itself at update N, after that update's save.
 ``--update-sleep S``: each update takes S seconds more. Each process appends
 ``<torchrun's restart count> <update>`` to ``OUT/updates_rank{RANK}.log`` after each update it
 trains, ``<restart count> <seconds in train()> <finished or the exception's type>`` to
-``OUT/attempts_rank{RANK}.log`` when ``train()`` ends, and writes ``rank{RANK}.json`` at the end: its final weights, update and number of processes.
+``OUT/attempts_rank{RANK}.log`` when ``train()`` ends, and writes ``rank{RANK}.json`` at the end: its
+final weights, update, number of processes and gradient accumulation.
 """
 
 from __future__ import annotations
@@ -73,8 +76,23 @@ class InjectFault(TrainerCallback):
 
 def main() -> None:
     args = parse_args(
-        {"save-dir": "", "fail-at-update": 0, "fail-once": "", "kill-at-update": 0, "update-sleep": 0.0}
+        {
+            "save-dir": "",
+            "fail-at-update": 0,
+            "fail-once": "",
+            "kill-at-update": 0,
+            "update-sleep": 0.0,
+            "batch-in-kwargs": 0,
+        }
     )
+    batch = (
+        {"train_dataloader_kwargs": {"batch_size": 4}}
+        if args.batch_in_kwargs
+        else {"per_device_batch_size": 4}
+    )
+    # Not on the line of the call: a traceback through it would repeat 'resume_from="auto"', which the
+    # tests count in the output (once per line the resume prints).
+    arguments = {"resume_from": "auto", **batch}
     model = make_mlp()
     callbacks: list[Any] = [
         SaveTrainingStateCallback(args.save_dir, save_every_n_steps=SAVE_EVERY_N_STEPS),
@@ -90,9 +108,7 @@ def main() -> None:
     )
     started, outcome = time.monotonic(), "finished"
     try:
-        trainer.train(
-            RegressionDataset(48), num_epochs=NUM_EPOCHS, per_device_batch_size=4, resume_from="auto"
-        )
+        trainer.train(RegressionDataset(48), num_epochs=NUM_EPOCHS, **arguments)
     except Exception as error:
         outcome = type(error).__name__
         raise
@@ -107,6 +123,7 @@ def main() -> None:
             "weights": state_dict_to_lists(trainer.get_model()),
             "global_step": trainer.progress.global_step,
             "num_processes": trainer.accelerator.num_processes,
+            "accumulation": trainer.run_config.gradient_accumulation_steps,
         },
     )
 

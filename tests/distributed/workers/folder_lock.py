@@ -48,7 +48,7 @@ def run(folder: Any) -> dict[str, Any]:
         **result,
         "updates": look.updates,
         "lock_seen": look.lock_seen,
-        "run_id": trainer.run_state.run_id,
+        "run_id": trainer.run_identity.run_id,
     }
 
 

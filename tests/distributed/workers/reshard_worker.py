@@ -39,7 +39,7 @@ def optimizer_lists(optimizer: Any) -> dict[str, Any]:
 
 
 def loss_share(trainer: Any) -> list[float]:
-    loss = trainer.run_state.train_loss
+    loss = trainer.loop_state.train_loss
     return [float(loss.running_total), float(loss.count)]
 
 

@@ -28,7 +28,7 @@ class Recorder(TrainerCallback):
         self.points: list[tuple[int, dict[str, float]]] = []
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
-        trainer.run_state.step_metrics.request(EVERY)
+        trainer.loop_state.step_metrics.request(EVERY)
 
     def on_train_step_end(
         self, trainer: Any, batch_output: Any = None, is_update_step: bool = False, **kwargs: Any

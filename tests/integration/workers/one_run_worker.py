@@ -51,7 +51,7 @@ class RecordSaves(TrainerCallback):
     def record(self, trainer: Any, name: str) -> None:
         optimizer = trainer.optimizer.state_dict()["state"]
         self.saved[name] = {
-            "run_id": trainer.run_state.run_id,
+            "run_id": trainer.run_identity.run_id,
             "weights": [p.detach().flatten().tolist() for p in trainer.get_model().parameters()],
             "momentum": [optimizer[k]["momentum_buffer"].flatten().tolist() for k in sorted(optimizer)],
             "rng": torch.get_rng_state().tolist(),
@@ -61,7 +61,7 @@ class RecordSaves(TrainerCallback):
         self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
     ) -> None:
         if is_update_step:
-            self.record(trainer, f"step_{trainer.run_state.run_step(trainer.progress)}")
+            self.record(trainer, f"step_{trainer.run_identity.run_step(trainer.progress)}")
 
     def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
         self.record(trainer, "final")
@@ -89,7 +89,7 @@ def concurrent(out: Path, name: str, peer: str, trials: int, seed: int) -> None:
             outcome = "ok"
         except Exception as error:
             outcome = f"{type(error).__name__}: {error}"
-        results.append({"outcome": outcome, "run_id": trainer.run_state.run_id, "saved": recorder.saved})
+        results.append({"outcome": outcome, "run_id": trainer.run_identity.run_id, "saved": recorder.saved})
     (out / f"{name}.json").write_text(json.dumps(results))
 
 
@@ -104,9 +104,9 @@ class KillAt(TrainerCallback):
     def on_train_step_end(
         self, trainer: Any, *args: Any, is_update_step: bool = False, **kwargs: Any
     ) -> None:
-        second_call = trainer.run_state.steps_before > 0
+        second_call = trainer.run_identity.steps_before > 0
         if is_update_step and second_call and trainer.progress.global_step == self.step:
-            print(f"KILLED at run step {trainer.run_state.run_step(trainer.progress)}", flush=True)
+            print(f"KILLED at run step {trainer.run_identity.run_step(trainer.progress)}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,4 +1,5 @@
-"""Single-file checkpoints: safe values in, atomic writes, safe loading.
+"""Torch file I/O, for every file a checkpoint or training state holds: safe values in, atomic
+writes, safe loading.
 
 Knows nothing of the Trainer or callbacks. Files are loaded with ``torch.load(...,
 weights_only=True)``, which never runs code from the file; to make that possible, values that

@@ -6,7 +6,7 @@ import numbers
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
@@ -15,6 +15,9 @@ from accelerate.utils.deepspeed import DummyOptim
 from torch import nn
 
 from .errors import StopTrainingError
+
+if TYPE_CHECKING:
+    from ..train_arguments import TrainArguments
 
 
 def check_whole_number(
@@ -214,44 +217,49 @@ def check_something_left_to_train(progress: Any, config: Any, resume_from: Any, 
     raise StopTrainingError(message)
 
 
-def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, arguments: dict[str, Any]) -> None:
-    """Check every argument of ``train()`` (``arguments``, by name) before anything is set up;
-    ``accelerator`` tells which clipping and accumulation its set-up supports."""
+def check_train_arguments(accelerator: Any, model: Any, optimizer: Any, arguments: TrainArguments) -> None:
+    """Check every argument of ``train()`` before anything is set up; ``accelerator`` tells which
+    clipping and accumulation its set-up supports.
+
+    Raises:
+        ValueError / TypeError: naming the argument, the value seen and the fix.
+    """
     if optimizer is None:
         raise ValueError(
             "train() needs an optimizer, but the Trainer was created with optimizer=None. Pass "
             "one, e.g. Trainer(model, loss_func, torch.optim.AdamW(model.parameters()))."
         )
     check_optimizer_holds_model_parameters(model, optimizer)
-    for name in ("num_epochs", "per_device_batch_size", "gradient_accumulation_steps"):
-        check_whole_number(arguments[name], name)
-    check_whole_number(arguments["max_num_train_steps"], "max_num_train_steps", optional=True)
-    check_positive_number(arguments["gradient_clip_value"], "gradient_clip_value")
-    check_positive_number(arguments["max_grad_norm"], "max_grad_norm")
-    check_clipping_supported(accelerator, arguments["gradient_clip_value"])
-    check_accumulation_supported(accelerator, arguments["gradient_accumulation_steps"])
-    check_dataset(arguments["train_dataset"], "train_dataset")
-    if arguments["eval_dataset"] is not None:
-        check_dataset(arguments["eval_dataset"], "eval_dataset")
+    check_whole_number(arguments.num_epochs, "num_epochs")
+    check_whole_number(arguments.per_device_batch_size, "per_device_batch_size")
+    check_whole_number(arguments.gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_whole_number(arguments.max_num_train_steps, "max_num_train_steps", optional=True)
+    check_positive_number(arguments.gradient_clip_value, "gradient_clip_value")
+    check_positive_number(arguments.max_grad_norm, "max_grad_norm")
+    check_clipping_supported(accelerator, arguments.gradient_clip_value)
+    check_accumulation_supported(accelerator, arguments.gradient_accumulation_steps)
+    check_dataset(arguments.train_dataset, "train_dataset")
+    if arguments.eval_dataset is not None:
+        check_dataset(arguments.eval_dataset, "eval_dataset")
     check_optional_callable(
-        arguments["create_scheduler_fn"],
+        arguments.create_scheduler_fn,
         "create_scheduler_fn",
         "a function optimizer -> scheduler",
         " E.g. create_scheduler_fn=CosineLrScheduler.create_scheduler_fn() or "
         "functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10).",
     )
-    check_collate_fn(arguments["collate_fn"])
-    check_seed(arguments["seed"])
-    check_flag(arguments["reset_run_history"], "reset_run_history")
-    resume_from = arguments["resume_from"]
+    check_collate_fn(arguments.collate_fn)
+    check_seed(arguments.seed)
+    check_flag(arguments.reset_run_history, "reset_run_history")
+    resume_from = arguments.resume_from
     if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
         raise TypeError(
             f"resume_from must be a path (str or os.PathLike) to a training state or a folder of "
             f'them, "auto" (the folder of the SaveTrainingStateCallback, or a new run), or None; got '
             f"{resume_from!r} ({type(resume_from).__name__})."
         )
-    check_dataloader_kwargs(arguments["train_dataloader_kwargs"], "train_dataloader_kwargs")
-    check_dataloader_kwargs(arguments["eval_dataloader_kwargs"], "eval_dataloader_kwargs")
+    check_dataloader_kwargs(arguments.train_dataloader_kwargs, "train_dataloader_kwargs")
+    check_dataloader_kwargs(arguments.eval_dataloader_kwargs, "eval_dataloader_kwargs")
 
 
 def check_clipping_supported(accelerator: Any, gradient_clip_value: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from . import directories, files, reshard
+from . import directories, reshard, torch_files
 
 
 class StateMismatchError(RuntimeError):
@@ -61,7 +61,7 @@ def read_file(directory: Path, name: str, manifest: dict[str, Any]) -> Any:
     path = directory / name
     if not path.exists():
         raise FileNotFoundError(f"{directory} is missing {name}: the state was changed after it was saved.")
-    return files.safe_torch_load(path, checksum=directories.file_checksum(manifest, name))
+    return torch_files.safe_torch_load(path, checksum=directories.file_checksum(manifest, name))
 
 
 def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: str | None = None) -> None:

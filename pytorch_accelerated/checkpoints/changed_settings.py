@@ -201,7 +201,7 @@ def resume_line(
         f"{directory}, the newest usable state in {asked}" if directory.parent == asked else str(directory)
     )
     resumed = (
-        f'resume_from="auto": resuming run {objects.run_state.run_id} from {where}'
+        f'resume_from="auto": resuming run {objects.run_identity.run_id} from {where}'
         if auto
         else f"Resumed from {where}"
     )
