@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
 
+from . import agent_store
 from .accelerator_checks import has_accelerator_device
 
 #: How long a process waits in a collective operation (all-reduce, barrier, ...) for the others
@@ -65,7 +66,9 @@ def accelerator_with_collective_timeout(**kwargs: Any) -> Accelerator:
     collective = timedelta(seconds=collective_timeout_s())
     forms_group = torch.distributed.is_available() and not torch.distributed.is_initialized()
     formation = max(collective, timedelta(seconds=GROUP_FORMATION_TIMEOUT_S))
-    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=formation)], **kwargs)
+    # Under torchrun, on a namespace of the agent's store of its own (see agent_store).
+    init = InitProcessGroupKwargs(timeout=formation, init_method=agent_store.init_method())
+    accelerator = Accelerator(kwargs_handlers=[init], **kwargs)
     if forms_group and torch.distributed.is_initialized():
         torch.distributed.barrier()
         # torch.distributed.set_timeout is public from torch 2.14; 2.13 has it under this name.

@@ -31,9 +31,9 @@ MAX_RESTARTS = 3
 
 
 def restarts() -> tuple[str, ...]:
-    """torchrun's options for restarts: the c10d rendezvous, with a store of the workers' own
-    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): a restarted gloo group formed on torchrun's shared
-    store reads the previous attempt's addresses and fails to form."""
+    """torchrun's options for restarts: the c10d rendezvous, on the store torchrun's agent shares
+    with the processes (no ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``): every attempt forms its group
+    in a namespace of its own there."""
     rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     return (*rendezvous, "--max-restarts", str(MAX_RESTARTS))
 
@@ -51,7 +51,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
     )  # fmt: skip
     done = {"plain": plain.wait(), "killed": killed.wait()}
     with pytest.MonkeyPatch.context() as env:  # the relaunch, under torchrun --max-restarts 3
-        env.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
         relaunched = start_workers(
             "auto_resume.py",
             root / "relaunched",
@@ -97,7 +97,11 @@ def with_restarts(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[st
     started = time.monotonic()
     done = subprocess.run(
         [*launcher(2), *restarts(), str(WORKERS_DIR / "auto_resume.py"), "--out", str(out), *args],
-        env={**subprocess_env(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        env={
+            name: value
+            for name, value in subprocess_env(out).items()
+            if name != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+        },
         cwd=out,
         capture_output=True,
         text=True,
