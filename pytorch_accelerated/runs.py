@@ -43,7 +43,7 @@ from ._internal.validation import (
 from .callbacks import StopTrainingError
 from .callbacks.training_state import auto_resume_folder
 from .checkpoints import model_files
-from .checkpoints.auto_resume import AUTO, AutoResume
+from .checkpoints.auto_resume import AUTO, AutoResume, training_began
 from .checkpoints.resume import accumulation_keeping_global_batch
 from .checkpoints.training_objects import TrainingObjects
 from .data import batches_per_epoch, check_same_data_on_every_process
@@ -92,7 +92,8 @@ def _recording_failures(trainer: Trainer, relaunch: AutoResume) -> None:
     except Exception as error:
         progress = trainer.progress
         position = {"update": trainer.run_state.run_step(progress), "epoch": progress.epoch + 1}
-        relaunch.record_failure(error, {**position, "batch": progress.batch_index})
+        began = training_began(trainer.callback_handler)  # a refusal before training records nothing
+        relaunch.record_failure(error, {**position, "batch": progress.batch_index}, began)
         raise
     relaunch.clear_failure()
 
