@@ -5,6 +5,7 @@ callback), on the 8x8 digits that ship inside scikit-learn, so nothing is downlo
 script runs on one process or several:
 
     python examples/train_digits.py
+    python examples/train_digits.py --find-lr    # the learning rate from a range test
     torchrun --nproc_per_node 2 examples/train_digits.py
     accelerate launch --multi_gpu --num_processes 2 examples/train_digits.py
 
@@ -101,6 +102,11 @@ def main():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch on each process")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument(
+        "--find-lr",
+        action="store_true",
+        help="run a learning-rate range test first and train with its suggestion instead of --lr",
+    )
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/digits"))
     parser.add_argument("--seed", type=int, default=42, help="data split, initial weights, shuffling")
     parser.add_argument(
@@ -138,6 +144,16 @@ def main():
             *DEFAULT_CALLBACKS,
         ),
     )
+    if args.find_lr:
+        # The range test leaves the model, optimizer and RNGs as they were: only the rate changes.
+        result = trainer.find_learning_rate(
+            train_dataset, per_device_batch_size=args.batch_size, seed=args.seed
+        )
+        if trainer.is_world_process_zero:
+            result.plot(args.output_dir / "lr_finder.png")
+        for group in optimizer.param_groups:
+            group["lr"] = result.suggestion
+        trainer.print(f"RANGE_TEST suggestion={result.suggestion:.4g} (see {args.output_dir}/lr_finder.png)")
     trainer.train(
         train_dataset=train_dataset,
         eval_dataset=validation_dataset,

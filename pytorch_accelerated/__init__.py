@@ -10,6 +10,10 @@ The house, read top-down (each layer imports only the layers below it)::
                         only hand over to a part (evaluate, predict, the set-up defaults, print,
                         gather, save_checkpoint, running_loss, ...), bound in its class body
     timm_schedulers     TrainerWithTimmScheduler (re-exported by trainer, as in 0.1.61)
+    lr_finder           the learning-rate range test behind Trainer.find_learning_rate: a real
+                        train() with a rising learning rate, observed by its own recorder,
+                        everything it changes put back afterwards (it runs the Trainer's loop,
+                        so it names the Trainer, as runs does)
     loaders             RunLoaders: the run's data loaders, what they were made with, the seed
     prediction          what predict does: outputs of every sample, in data-set order, exactly
                         once across processes

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
 from torch import nn
 
-from . import prediction, runs
+from . import lr_finder, prediction, runs
 from ._internal.accelerator_checks import check_accelerator
 from ._internal.accumulation import accumulation_windows
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
@@ -51,6 +51,9 @@ from .prediction import model_outputs
 from .run_config import RunProgress, RunState, TrainerRunConfig
 from .tracking import InMemoryRunHistory, LossTracker, RunHistory
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # (typing's own from Python 3.11)
 
 # fmt: off
 __all__ = [  # the last eight: 0.1.61 also exported them from this module
@@ -165,6 +168,15 @@ class Trainer:
         """
         arguments = {name: value for name, value in locals().items() if name != "self"}
         runs.train(self, arguments)  # checked, set up, then run through _run_training
+
+    def find_learning_rate(
+        self, train_dataset: Any, **settings: Unpack[lr_finder.RangeTestSettings]
+    ) -> lr_finder.LRFinderResult:
+        """A learning-rate range test: ``num_steps`` updates with the learning rate rising exponentially
+        from ``start_lr`` to ``end_lr``, the loss of each recorded; the model, optimizer, scheduler, RNG
+        streams and run history are then put back as they were. Settings (keywords) and defaults:
+        :func:`pytorch_accelerated.lr_finder.find_learning_rate`; see docs/recipes/tuning.md."""
+        return lr_finder.find_learning_rate(self, train_dataset, **settings)
 
     evaluate = runs.evaluate
 

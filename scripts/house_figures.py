@@ -19,11 +19,13 @@ import tokenize
 from pathlib import Path
 
 TRAINER = "pytorch_accelerated.trainer"
-#: Besides the callbacks (the Trainer's observers), the modules that name the Trainer by design.
+#: Besides the callbacks (the Trainer's observers), the modules that name the Trainer by design:
+#: the entry point, its adapter (runs), its subclass, and the range test, which runs its loop.
 NAME_THE_TRAINER_BY_DESIGN = {
     "pytorch_accelerated",
     "pytorch_accelerated.runs",
     "pytorch_accelerated.timm_schedulers",
+    "pytorch_accelerated.lr_finder",
 }
 
 
@@ -164,7 +166,7 @@ def main() -> None:
         print(f"import circle of {len(component)} modules (typing imports included): {', '.join(component)}")
     print(
         f"import circles without the edges back to the trainer from its observers (callbacks), "
-        f"its adapter (runs) and its subclass (timm_schedulers): "
+        f"its adapter (runs), its subclass (timm_schedulers) and the range test (lr_finder): "
         f"{circles(without_edges_back_to_the_trainer(graph))}"
     )
     containers = []

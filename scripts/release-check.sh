@@ -16,12 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The lower-bounds tier (pytest arguments, run from the repository root): every single-process
-# test (tests/unit, tests/integration, tests/compat; see tests/conftest.py) without four slow files,
-# to keep CI within its time (the trackers also need the trackers extra, the original-style
-# scripts and the docs snippets are run on the newest versions by the main tier).
+# test (tests/unit, tests/integration, tests/compat; see tests/conftest.py) but three files that
+# test no behaviour of the package at its lowest versions: the trackers (they need the trackers
+# extra), the start-up benchmark (slow, and about this machine) and the docs gate (a repository
+# tool, mkdocs).
 LOWER_BOUNDS_TESTS=(-m "not distributed and not examples" --ignore tests/integration/test_trackers.py
-  --ignore tests/integration/test_docs_snippets.py --ignore tests/compat/test_compat_scripts.py
-  --ignore tests/integration/test_benchmarks_front.py)
+  --ignore tests/integration/test_benchmarks_front.py --ignore tests/integration/test_docs_gate.py)
 # What the main job and those tests import beside the package. Not timm: it needs torchvision,
 # which does not import beside torch 2.13, so the tests that need timm (or transformers) skip.
 WHEEL_EXTRAS="plots"

@@ -14,6 +14,7 @@ echo "== ruff"; ruff check pytorch_accelerated tests examples benchmarks scripts
 echo "== ruff format"; ruff format --check --quiet . || status=1
 echo "== mypy"; mypy pytorch_accelerated || status=1
 echo "== docs"; bash scripts/docs-gate.sh || status=1
+echo "== postgresql"; bash scripts/postgres-check.sh || status=1  # for the tests that start a server
 echo "== pytest"
 python -m pytest --durations=25 "$@"  # the 25 slowest tests: where the suite's time goes
 rc=$?

@@ -54,6 +54,7 @@ PRELOAD = (
     "sklearn.model_selection",
     "matplotlib.figure",
     "timm",
+    "optuna",
 )
 
 

@@ -14,7 +14,9 @@
 - :mod:`.tracker_registry`: the trackers known by name: creating one, its state, flushing it;
 - :mod:`.tracker_adapters`: accelerate's MLflow and W&B trackers, continuing a resumed run;
 - :mod:`.csv_tracker`: ``CSVTracker``, a tracker with no dependencies;
-- :mod:`.plotting`: ``PlotRunCallback``, a PNG of the run's curves.
+- :mod:`.plotting`: ``PlotRunCallback``, a PNG of the run's curves;
+- :mod:`.optuna_pruning`: ``OptunaPruningCallback``, Optuna's pruning on any number of processes
+  (optuna is imported only when it is created).
 
 ``LossTracker``, ``ModelEma``, ``DataLoaderSlice`` and ``CallbackMethodNotImplementedError`` are
 also importable from here, as they were in pytorch-accelerated 0.1.61.
@@ -32,9 +34,10 @@ from .defaults import (
 )
 from .ema import ModelEmaCallback
 from .evaluation import LimitEvalStepsCallback, StepBasedEvaluationCallback
-from .events import TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
+from .events import STATE_SAVES_ORDER, TRAINER_EVENTS, CallbackHandler, StopTrainingError, TrainerCallback
 from .limits import LimitBatchesCallback
 from .monitoring import EarlyStoppingCallback, SaveBestModelCallback
+from .optuna_pruning import OptunaPruningCallback
 from .plotting import PlotRunCallback
 from .sync_batchnorm import ConvertSyncBatchNormCallback
 from .tracker_registry import tracker_names
@@ -69,6 +72,7 @@ DEFAULT_CALLBACKS = get_default_callbacks()
 
 __all__ = [
     "TRAINER_EVENTS",
+    "STATE_SAVES_ORDER",
     "TrainerCallback",
     "CallbackHandler",
     "StopTrainingError",
@@ -92,6 +96,7 @@ __all__ = [
     "CSVTracker",
     "tracker_names",
     "PlotRunCallback",
+    "OptunaPruningCallback",
     "CallbackMethodNotImplementedError",
     "LossTracker",
     "ModelEma",

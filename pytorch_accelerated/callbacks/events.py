@@ -34,6 +34,12 @@ TRAINER_EVENTS: tuple[str, ...] = (
     "on_exception",
 )
 
+#: The :attr:`TrainerCallback.event_order` of :class:`~.training_state.SaveTrainingStateCallback`:
+#: after every callback of the default order (0), so that a training state holds every other
+#: callback's state as of the update, epoch end or run end it is saved at, wherever the callbacks
+#: stand in the list.
+STATE_SAVES_ORDER = 100
+
 #: Events that end a run or an evaluation: a ``StopTrainingError`` raised in one of them skips
 #: that event's remaining callbacks, and the run still returns normally.
 END_EVENTS: tuple[str, ...] = ("on_stop_training_error", "on_training_run_end", "on_evaluation_run_end")
@@ -61,9 +67,18 @@ class TrainerCallback:
     A callback is *stateful* when it overrides :meth:`state_dict` (and :meth:`load_state_dict`):
     training states save its state under its :attr:`state_key`, and a resumed run restores it
     into the callback with the same key, wherever it stands in the list.
+
+    Callbacks run in the order of their :attr:`event_order` at every event, and in list order
+    among equals: every callback has 0 but :class:`~.training_state.SaveTrainingStateCallback`,
+    which has :data:`STATE_SAVES_ORDER` (100), so that its states are saved once every other
+    callback has handled the event they are saved at (an EMA updated after the update a state is
+    saved at, say). A callback that must run after those saves (one that copies each new state
+    elsewhere) sets a larger ``event_order``.
     """
 
     custom_events: tuple[str, ...] = ()
+    #: Where this callback runs among the others at every event: lower first, list order among equals.
+    event_order: int = 0
 
     @property
     def state_key(self) -> str:
@@ -175,7 +190,8 @@ class CallbackHandler:
 
     @property
     def callback_list(self) -> list[str]:
-        """The class names of the callbacks, in the order they are called."""
+        """The class names of the callbacks, in the order given (each event calls them by their
+        ``event_order``, and in this order among equals)."""
         return [type(callback).__name__ for callback in self.callbacks]
 
     def clear_callbacks(self) -> None:
@@ -208,6 +224,7 @@ class CallbackHandler:
         for event in callback.custom_events:
             self.register_event(event)
         self._check_hooks(callback)
+        _check_event_order(callback)
         self.callbacks.append(callback)
         self._dispatch.clear()
 
@@ -224,7 +241,8 @@ class CallbackHandler:
         return next((cb for cb in self.callbacks if isinstance(cb, callback_type)), None)
 
     def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
-        """Call ``event`` on every callback that handles it, in list order.
+        """Call ``event`` on every callback that handles it, by their ``event_order``, in list order
+        among equals (so training states are saved after every other callback has handled it).
 
         ``event`` is a Trainer event (:data:`TRAINER_EVENTS`) or any other identifier: a custom
         event, e.g. ``call_event("verify_train_batch", trainer=self, xb=xb, yb=yb)`` from a Trainer
@@ -252,7 +270,7 @@ class CallbackHandler:
         # Only callbacks that override an event are called, so unused events cost nothing.
         handlers = [
             (cb, getattr(cb, event))
-            for cb in self.callbacks
+            for cb in sorted(self.callbacks, key=lambda callback: callback.event_order)  # stable: list order
             if callable(getattr(cb, event, None)) and (event not in TRAINER_EVENTS or _is_override(cb, event))
         ]
         self._dispatch[event] = handlers
@@ -343,6 +361,16 @@ class CallbackHandler:
                 f"called.{hint} For a custom event fired with callback_handler.call_event, list it "
                 f"in the callback's custom_events, e.g. custom_events = ({name!r},)."
             )
+
+
+def _check_event_order(callback: TrainerCallback) -> None:
+    order = callback.event_order
+    if isinstance(order, bool) or not isinstance(order, int):
+        raise TypeError(
+            f"{type(callback).__name__}.event_order must be an int (where the callback runs among the others "
+            f"at every event, lower first: 0 by default, {STATE_SAVES_ORDER} for SaveTrainingStateCallback), got "
+            f"{order!r}. Rename the attribute if it means something else in your callback."
+        )
 
 
 _POSITIONAL_KEY = re.compile(r"^(\d+):(.+)$")

@@ -81,25 +81,9 @@ class PlotRunCallback(TrainerCallback):
         dpi: int = 100,
         columns: int = 3,
     ) -> None:
-        try:
-            import matplotlib  # noqa: F401 (checked here; the drawing imports it in _draw)
-        except ImportError as error:
-            raise ImportError(
-                "PlotRunCallback needs matplotlib, which is not installed: "
-                "pip install 'pytorch-accelerated[plots]'  (or pip install matplotlib)."
-            ) from error
+        require_matplotlib("PlotRunCallback")
         check_flag(every_epoch, "PlotRunCallback: every_epoch")
-        self.path = Path(path)
-        if self.path.suffix.lower() != ".png":
-            raise ValueError(
-                f"PlotRunCallback(path={str(path)!r}): the plot is a PNG file; give a path ending in '.png'."
-            )
-        for parent in self.path.parents:
-            if parent.exists() and not parent.is_dir():
-                raise ValueError(
-                    f"PlotRunCallback(path={str(path)!r}): {str(parent)!r} is a file, so the plot cannot be "
-                    f"written under it; choose a path in a folder."
-                )
+        self.path = checked_png_path(path, "PlotRunCallback")
         self.every_epoch = every_epoch
         self.dpi = check_whole_number(dpi, "dpi", owner="PlotRunCallback")
         self.columns = check_whole_number(columns, "columns", owner="PlotRunCallback")
@@ -219,16 +203,10 @@ class PlotRunCallback(TrainerCallback):
             return
         panels = self.panels(trainer)
         self.panel_titles = list(panels)
-        partial = self.path.with_name(f".{self.path.name}.partial")
+        figure = self._draw(panels, sorted({step for step, _ in self._epoch_ends}))
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._draw(panels, sorted({step for step, _ in self._epoch_ends})).savefig(
-                partial, format="png", dpi=self.dpi, metadata={"Panels": json.dumps(self.panel_titles)}
-            )
-            os.replace(partial, self.path)
+            write_png(figure, self.path, self.dpi, {"Panels": json.dumps(self.panel_titles)})
         except OSError as error:
-            if partial.parent.is_dir():
-                partial.unlink(missing_ok=True)  # no half-written file is left behind
             warnings.warn(
                 f"PlotRunCallback could not write the plot to {str(self.path)!r}: {error}. Check that its "
                 f"folder can be created and written to (and that the disk has space).",
@@ -236,13 +214,9 @@ class PlotRunCallback(TrainerCallback):
             )
 
     def _draw(self, panels: Mapping[str, Mapping[str, Points]], epoch_ends: list[int]) -> Figure:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
         columns = min(self.columns, len(panels))
         rows = math.ceil(len(panels) / columns)
-        figure = Figure(figsize=(5.0 * columns, 3.4 * rows), layout="constrained")
-        FigureCanvasAgg(figure)  # attaches itself: no pyplot, no global backend
+        figure = new_figure(5.0 * columns, 3.4 * rows)
         for index, (title, curves) in enumerate(panels.items()):
             _draw_panel(figure.add_subplot(rows, columns, index + 1), title, curves, epoch_ends)
         return figure
@@ -265,3 +239,56 @@ def _draw_panel(axes: Axes, title: str, curves: Mapping[str, Points], epoch_ends
 def _drawn(curves: Mapping[str, Points]) -> dict[str, Points]:
     """The curves that have points (a panel shows no empty legend entries)."""
     return {label: points for label, points in curves.items() if points}
+
+
+# ---------------------------------------------------------------------------- shared with other pictures
+# (the learning-rate range test's plot, pytorch_accelerated.lr_finder)
+
+
+def require_matplotlib(owner: str) -> None:
+    """Raise an ``ImportError`` naming ``owner`` and the extra to install when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401 (checked here; the drawing imports what it needs)
+    except ImportError as error:
+        raise ImportError(
+            f"{owner} needs matplotlib, which is not installed: "
+            "pip install 'pytorch-accelerated[plots]'  (or pip install matplotlib)."
+        ) from error
+
+
+def checked_png_path(path: str | os.PathLike, owner: str) -> Path:
+    """``path`` as a ``Path``, if it names a PNG file that can be written (no file among its folders)."""
+    checked, called = Path(path), f"{owner}(path={str(path)!r})"
+    if checked.suffix.lower() != ".png":
+        raise ValueError(f"{called}: the plot is a PNG file; give a path ending in '.png'.")
+    for parent in checked.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(
+                f"{called}: {str(parent)!r} is a file, so the plot cannot be written under it; choose a "
+                f"path in a folder."
+            )
+    return checked
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A matplotlib ``Figure`` of that size (inches) on its own Agg canvas: no pyplot, no global backend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)  # attaches itself
+    return figure
+
+
+def write_png(figure: Figure, path: Path, dpi: int, metadata: dict[str, str]) -> None:
+    """Write ``figure`` to ``path`` as a PNG with text ``metadata``, atomically: written beside it,
+    then renamed, so ``path`` is never half-written; on an ``OSError`` nothing is left behind."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(partial, format="png", dpi=dpi, metadata=metadata)
+        os.replace(partial, path)
+    except OSError:
+        if partial.parent.is_dir():
+            partial.unlink(missing_ok=True)
+        raise

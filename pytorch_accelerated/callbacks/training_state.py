@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,10 +16,10 @@ from .._internal.intervals import every
 from .._internal.validation import check_whole_number
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
-from ..checkpoints.directories import MANIFEST, read_manifest
+from ..checkpoints.directories import MANIFEST, read_manifest, remove_entry
 from ..checkpoints.discovery import list_complete_states
 from ..checkpoints.finite import NonFiniteStateError
-from .events import CallbackHandler, StopTrainingError, TrainerCallback
+from .events import STATE_SAVES_ORDER, CallbackHandler, StopTrainingError, TrainerCallback
 
 if TYPE_CHECKING:
     from ..trainer import Trainer
@@ -48,6 +47,12 @@ class SaveTrainingStateCallback(TrainerCallback):
     The run holds ``save_dir`` from its start to its end (a lock file, ``save_dir/.run.lock``): a
     second run pointed at it while it runs fails before training, naming the holder. See
     docs/checkpoints.md, "One run per folder".
+
+    Wherever it stands in the list, it runs after the other callbacks at every event (its
+    ``event_order`` is :data:`~.events.STATE_SAVES_ORDER`), so a state holds every callback's state
+    as of the update, epoch end or run end it is saved at: an EMA listed after it has been updated
+    with that update, an early-stopping count with that epoch. (Had it run first, a resume would
+    lose what the callbacks after it did there.)
 
     Args:
         save_dir: folder that holds the states.
@@ -81,6 +86,8 @@ class SaveTrainingStateCallback(TrainerCallback):
             ``final`` state and a state saved on a signal are written synchronously. See
             docs/checkpoints.md, "Asynchronous training states".
     """
+
+    event_order = STATE_SAVES_ORDER
 
     def __init__(
         self,
@@ -352,7 +359,8 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
     protected = {just_saved, *finite[-1:]}
     # the oldest unprotected states, as many as there are states beyond ``keep``
     for path in [path for path in states if path not in protected][: max(len(states) - keep, 0)]:
-        shutil.rmtree(path, ignore_errors=True)
+        # A linked state: the link, never what it points to. One that cannot be removed is tried again later.
+        remove_entry(path, ignore_errors=True)
 
 
 def _save_order(state: Path) -> tuple[int, int]:

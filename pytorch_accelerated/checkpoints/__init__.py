@@ -17,6 +17,7 @@ Training states (directories that hold everything needed to resume a run):
 - :mod:`.folder_lock`: one run per folder: the lock a run that writes states holds on their folder.
 - :mod:`.background`: a state written in a background thread, from a copy in host memory.
 - :mod:`.rng`: every random number generator of a process, captured and restored.
+- :mod:`.trainable`: which parameters require gradients, recorded and restored (fine-tuning).
 - :mod:`.resume`: the position a state records, the run's settings checked against the saved
   ones, and the position restored; :mod:`.reshard`: the position mapped onto other settings.
 - :mod:`.settings_checks`: the run's settings a state records (training-set length, seed,

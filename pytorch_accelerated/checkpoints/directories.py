@@ -19,6 +19,10 @@ final one and renamed into place only once the manifest is written, so a process
 leaves either the previous state or the new one, never a half-written directory that looks
 complete. A save that fails removes its temporary directory (see :func:`remove_temporary`).
 
+A name in the folder may be a symbolic link (a state moved to another disk, say): a save of that name
+replaces the link, never what it points to, and says so; rotation and the removal of leftovers
+remove links, never their targets. A regular file of a state's name is never replaced.
+
 Before anything is loaded, every file read is checked against the CRC-32 in the manifest (see
 :func:`.files.checked`), and the manifest against its own (:func:`manifest_problem`): a byte
 changed anywhere in a state is found. Manifests of version 1 (0.1.61-era and earlier versions
@@ -28,14 +32,16 @@ of this library) have no checksums and are read unchecked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
 
-from .files import Checksum, file_crc32, write_failure, write_torch_file
+from .files import CheckpointWriteError, Checksum, file_crc32, write_failure, write_torch_file
 
 MANIFEST = "manifest.json"
 FORMAT = "pytorch-accelerated-training-state"
@@ -52,16 +58,47 @@ def temporary_dir_for(output_dir: Path) -> Path:
     return output_dir.parent / f".{output_dir.name}.incomplete"
 
 
+def remove_entry(path: Path, ignore_errors: bool = False) -> None:
+    """Remove ``path`` whatever it is: a directory with everything in it, or a file, or a symbolic
+    link (the link only, never what it points to); nothing when there is nothing there.
+    ``ignore_errors``: remove what can be removed and say nothing (as ``shutil.rmtree`` does), for
+    clean-ups that several processes may run at once.
+
+    Raises:
+        OSError: when it cannot be removed (unless ``ignore_errors``).
+    """
+    if path.is_symlink() or path.is_file():
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            if not ignore_errors:
+                raise
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
+def _reason(error: OSError) -> str:
+    """The OS error's reason and number, without the path that ``shutil.rmtree`` gives relative."""
+    return f"{error.strerror} (errno {error.errno})" if error.strerror else str(error)
+
+
 def make_temporary_dir(output_dir: Path) -> Path:
     """Create the empty hidden directory that a state for ``output_dir`` is written into.
 
     Raises:
-        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file).
+        files.CheckpointWriteError: naming the directory and the OS error (e.g. a parent is a file),
+            or ``output_dir`` when it is a regular file, which a save would replace.
     """
+    if output_dir.is_file():  # a link to a file too: a user's file, never replaced by a state
+        raise CheckpointWriteError(
+            errno.EEXIST,
+            f"{output_dir} is a file, not a training state, and publishing the state there would replace "
+            f"it; move it away, or save the state under another name",
+            output_dir,
+        )
     temporary = temporary_dir_for(output_dir)
     try:
-        if temporary.exists():  # left by a save that was killed
-            shutil.rmtree(temporary)
+        remove_entry(temporary)  # left by a save that was killed
         temporary.mkdir(parents=True)
     except OSError as error:
         raise write_failure(error, temporary, "creating") from error
@@ -69,17 +106,29 @@ def make_temporary_dir(output_dir: Path) -> Path:
 
 
 def remove_leftover_temporaries(folder: Path) -> list[str]:
-    """Remove the hidden directories of saves into ``folder`` that were killed (call it only while
-    holding the folder's lock: no other run writes there); return their names."""
-    leftovers = sorted(folder.glob(".*.incomplete")) if folder.is_dir() else []
-    for leftover in leftovers:
-        shutil.rmtree(leftover, ignore_errors=True)
-    return [leftover.name for leftover in leftovers]
+    """Remove the hidden directories of saves into ``folder`` that were killed, and whatever else
+    has their names (a link: the link only); call it only while holding the folder's lock, when
+    no other run writes there. Return the names of those removed; one that cannot be removed gets
+    a warning naming it and why (it is never taken for a state)."""
+    removed = []
+    for leftover in sorted(folder.glob(".*.incomplete")) if folder.is_dir() else []:
+        try:
+            remove_entry(leftover)
+        except OSError as error:
+            warnings.warn(
+                f"Could not remove {leftover}, the half-written state of a killed save: {_reason(error)}. "
+                f"Remove it by hand; it is never taken for a state.",
+                stacklevel=2,
+            )
+            continue
+        removed.append(leftover.name)
+    return removed
 
 
 def remove_temporary(output_dir: Path) -> None:
     """Remove what a failed save of ``output_dir`` left behind (nothing if it left nothing)."""
-    shutil.rmtree(temporary_dir_for(output_dir), ignore_errors=True)
+    # Every process may run this at once; what cannot be removed is said by the save's error.
+    remove_entry(temporary_dir_for(output_dir), ignore_errors=True)
 
 
 def write_file(obj: Any, path: Path) -> None:
@@ -111,22 +160,45 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 def publish(temporary: Path, output_dir: Path) -> None:
     """Move a complete temporary directory to ``output_dir``, replacing any earlier state there.
 
-    The earlier state is moved aside first and deleted only after the new one is in place.
+    The earlier state is moved aside first and deleted only after the new one is in place. An
+    earlier state that is a symbolic link is replaced as a link: what it points to is left as it
+    was, and a warning says so.
     """
     aside = output_dir.parent / f".{output_dir.name}.replaced"
-    if aside.exists():
-        shutil.rmtree(aside)
-    if output_dir.exists():
+    try:
+        remove_entry(aside)  # left by a save killed between its renames
+    except OSError as error:
+        raise CheckpointWriteError(
+            error.errno,
+            f"{_reason(error)} while removing {aside}, an earlier state of that name that an earlier save "
+            f"moved aside; remove it by hand",
+            output_dir,
+        ) from error
+    linked = output_dir.parent / os.readlink(output_dir) if output_dir.is_symlink() else None
+    if os.path.lexists(output_dir):
         os.replace(output_dir, aside)
     try:
         os.replace(temporary, output_dir)
     except OSError as error:
-        if aside.exists():  # put the earlier state back
+        if os.path.lexists(aside):  # put the earlier state back
             os.replace(aside, output_dir)
         raise write_failure(error, output_dir, "publishing") from error
     _fsync_dir(output_dir.parent)
-    if aside.exists():
-        shutil.rmtree(aside)
+    try:
+        remove_entry(aside)
+    except OSError as error:  # published: the new state is in place, only the old one is left
+        warnings.warn(
+            f"Published {output_dir}, but the state it replaced, moved aside to {aside}, could not be "
+            f"removed: {_reason(error)}. Remove it by hand (it is never taken for a state while "
+            f"{output_dir} exists); the next save of that name fails until then.",
+            stacklevel=2,
+        )
+    if linked is not None:
+        warnings.warn(
+            f"{output_dir} was a symbolic link to {linked}: the new training state replaces the link, and "
+            f"the state it pointed to is left as it was, at {linked}.",
+            stacklevel=2,
+        )
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._internal.fsdp import uses_fsdp
 from ..data import batches_per_epoch
-from . import files, finite, original_states, resume, settings_checks, sharded, state_checks
+from . import files, finite, original_states, resume, settings_checks, sharded, state_checks, trainable
 from .collective_saves import CollectiveSave, attempt, saves_on_each_node
 from .directories import manifest_problem, read_manifest, sync_files
 from .rng import capture_rng_states
@@ -206,6 +206,7 @@ class PlainLayout(StateLayout):
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
         state_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        trainable.read_record(state, where)
         process_state = state_checks.read_process_state(
             directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes
         )
@@ -341,7 +342,7 @@ class OriginalLayout(StateLayout):
             f"{loaded.directory} was written by pytorch-accelerated 0.1.x, which records only the epoch it was "
             f"saved in (current_epoch={epoch}): the run continues at the start of epoch {epoch}"
             + (f", after {updates} updates{counter}" if known else "")
-            + ". Callback states are not restored"
+            + ". Callback states are not restored, nor which parameters require gradients"
             + ("" if loaded.process_state["rng"] is not None else ", nor the RNGs")
             + ".",
             stacklevel=6,
@@ -390,6 +391,7 @@ def trainer_state(
         "callbacks": callbacks,
         **run_state,
         "run_settings": settings_checks.run_settings(objects),
+        "frozen_parameters": trainable.frozen_parameters(objects.plain_model(keep_torch_compile=False)),
         "checkpoint_kwargs": extra,
     }
 

@@ -10,6 +10,7 @@ the run's objects.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +99,14 @@ def load_checkpoint(
     ``torch.compile``'d model load into the plain one and the reverse. Everything is checked
     (the file, its bytes against the CRC-32 in ``<file>.crc32`` where there is one, the model's
     keys and shapes, the optimizer's parameter groups) before
-    anything is loaded, so a file that does not fit changes nothing.
+    anything is loaded, so a file that does not fit changes nothing. A file without its ``.crc32``
+    loads unchecked, with a warning saying so (once per machine).
     """
     load_optimizer, load_scheduler = options
     optimizer, scheduler = objects.optimizer, objects.scheduler
     if load_optimizer:
         sharded.refuse_fsdp1_optimizer(objects.accelerator, optimizer, "load_checkpoint", "load_optimizer")
-    checkpoint = files.safe_torch_load(checkpoint_path, files.recorded_checksum(checkpoint_path, _FIX))
-    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-        raise ValueError(
-            f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
-        )
+    checkpoint, verified = _read(checkpoint_path)
     target = objects.plain_model() if model is None else model
     # Everything is checked before anything is loaded, so a bad file changes nothing.
     model_state = state_checks.match_model_keys(target, checkpoint["model_state_dict"])
@@ -132,4 +130,29 @@ def load_checkpoint(
         )
     if "scheduler_state_dict" in states:
         scheduler.load_state_dict(states["scheduler_state_dict"])
+    if not verified and objects.accelerator.is_local_main_process:  # once per machine
+        warnings.warn(_unverified(Path(checkpoint_path)), stacklevel=3)
     return checkpoint
+
+
+def _read(checkpoint_path: str | os.PathLike) -> tuple[dict[str, Any], bool]:
+    """The dict of a file written by ``save_checkpoint``, and whether its bytes were checked (against
+    the CRC-32 in its ``.crc32``: a file without one is read unchecked)."""
+    checksum = files.recorded_checksum(checkpoint_path, _FIX)
+    checkpoint = files.safe_torch_load(checkpoint_path, checksum)
+    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
+        raise ValueError(
+            f"{str(checkpoint_path)!r} is not a checkpoint written by save_checkpoint (no 'model_state_dict')."
+        )
+    return checkpoint, checksum is not None
+
+
+def _unverified(path: Path) -> str:
+    sidecar = files.checksum_file(path)
+    return (
+        f"Loaded {path} without checking its bytes: there is no {sidecar} beside it (save_checkpoint writes "
+        f"one), so damage that still loads, such as a changed byte in a tensor's data, would go unnoticed. "
+        f"Files written by torch.save, by pytorch-accelerated 0.1.x or by earlier versions of this library "
+        f"have none; a copy may have left it behind. Copy {sidecar.name} with the file, or save it again "
+        f"with save_checkpoint."
+    )

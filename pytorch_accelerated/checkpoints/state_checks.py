@@ -115,7 +115,7 @@ def check_model_state(model: nn.Module, state: Any, source: str) -> None:
         if found[name] != expected[name]
     ]
     problems = [
-        f"{what} {_few(names)}"
+        f"{what} {few(names)}"
         for what, names in (
             ("missing keys", sorted(set(expected) - set(found))),
             ("unexpected keys", sorted(set(found) - set(expected))),
@@ -154,5 +154,6 @@ def check_object_state(target: Any, state: Any, source: str) -> None:
         )
 
 
-def _few(items: list[str], limit: int = 5) -> str:
+def few(items: list[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``items``, and how many more there are: ``a, b and 3 more``."""
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")

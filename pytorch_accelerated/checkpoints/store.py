@@ -24,7 +24,7 @@ from accelerate.utils import gather_object, set_seed
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
-from . import files, finite, folder_lock, resume, settings_checks, sharded
+from . import files, finite, folder_lock, resume, settings_checks, sharded, trainable
 from .background import BackgroundStateWrite, to_host
 from .collective_saves import (
     CollectiveSave,
@@ -413,6 +413,9 @@ class TrainingStateStore:
         objects.run_state.pending_resume = {
             "callbacks": loaded.trainer_state["callbacks"],
             "rng": loaded.process_state["rng"],
+            "trainable": trainable.to_restore(
+                objects.plain_model(keep_torch_compile=False), state, directory, self._resuming is not None
+            ),
         }
         if not self._resuming:
             self.apply_pending_resume(objects.run_state, objects.callbacks)
@@ -463,7 +466,8 @@ class TrainingStateStore:
 
     @staticmethod
     def apply_pending_resume(run_state: RunState, callbacks: Stateful) -> None:
-        """Restore the callback states, then the RNGs, that a resume keeps back.
+        """Restore which parameters require gradients, the callback states, then the RNGs, that a resume
+        keeps back.
 
         On resume this runs after ``on_training_run_start`` (callbacks set themselves up there;
         their saved state goes in after) and last of all, once nothing else can draw from the RNGs.
@@ -471,6 +475,8 @@ class TrainingStateStore:
         if (pending := run_state.pending_resume) is None:
             return
         run_state.pending_resume = None
+        if pending.get("trainable") is not None:  # which parameters require gradients, as saved
+            pending["trainable"].restore()
         if pending["callbacks"] is not None:  # None: a state that holds none (0.1.x)
             callbacks.load_state_dict(pending["callbacks"])
         if pending["rng"] is not None:

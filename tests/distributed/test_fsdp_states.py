@@ -234,6 +234,12 @@ def test_a_shard_that_fails_to_write_on_one_process_fails_the_save_on_both_leavi
     assert sorted(path.name for path in states.iterdir()) == ["final", "step_12", "step_4", "step_8"]
 
 
+def test_a_sharded_state_records_the_frozen_parameters_and_a_load_restores_them(runs: dict[str, Any]) -> None:
+    """The first layer frozen, saved by hand, everything made trainable, loaded back: frozen again."""
+    for result in runs["fsdp"].results:
+        assert result["frozen"] == {"frozen": ["0.bias", "0.weight"], "record": ["0.weight", "0.bias"]}
+
+
 # ---------------------------------------------------------------------------- in this process
 
 

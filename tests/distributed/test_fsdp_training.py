@@ -159,6 +159,16 @@ def test_the_ema_callback_is_refused_under_fsdp_at_run_start(run: WorkerRun) -> 
         }
 
 
+def test_the_learning_rate_range_test_is_refused_under_fsdp_before_it_runs(run: WorkerRun) -> None:
+    for result in run.results:
+        assert result["range_test"] == {
+            "type": "ValueError",
+            "message": "find_learning_rate cannot run under FSDP: its engine holds the model's and the optimizer's "
+            "state, which the range test must put back afterwards. Run the range test without FSDP (e.g. on one "
+            "process), then train under it.",
+        }
+
+
 DROPPED_ON_TWO_CPU_PROCESSES = (
     "FSDP was requested (ACCELERATE_USE_FSDP=true, from `accelerate launch --use_fsdp`, the accelerate config or "
     "an fsdp_plugin), but accelerate runs plain data parallelism (DDP over gloo) on 2 CPU processes, each holding "

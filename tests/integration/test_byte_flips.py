@@ -178,3 +178,36 @@ def test_every_single_byte_flip_in_a_checkpoint_file_or_its_checksum_is_an_error
             caught += 1
     print(f"\ncheckpoint file: single-byte flips caught {caught} / tried {tried}")
     assert caught == tried
+
+
+WITHOUT_CHECKSUM_OFFSETS = 60  # random offsets, besides the first and last byte
+
+
+def test_no_single_byte_flip_in_a_checkpoint_without_its_checksum_file_loads_silently(tmp_path: Path) -> None:
+    """A copy without its .crc32 cannot be verified: each flip is refused by torch's own checks, or
+    loads with the warning that the file was not verified; none loads without a word."""
+    train(make_trainer()).save_checkpoint(tmp_path / "good" / "ckpt.pt")
+    (tmp_path / "good" / "ckpt.pt.crc32").unlink()
+    size = (tmp_path / "good" / "ckpt.pt").stat().st_size
+    rng = random.Random(3)
+    offsets = [0, size - 1, *rng.sample(range(1, size - 1), WITHOUT_CHECKSUM_OFFSETS)]
+    silent, refused, warned = [], 0, 0
+    for index, offset in enumerate(offsets):
+        folder = shutil.copytree(tmp_path / "good", tmp_path / f"flip-{index}")
+        flip(folder / "ckpt.pt", offset, rng.randrange(1, 256))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                make_trainer(seed=1).load_checkpoint(folder / "ckpt.pt")
+            except Exception:  # any error: refused (torch's zip checks, the model's keys and shapes)
+                refused += 1
+                continue
+        if any("without checking its bytes" in str(warning.message) for warning in caught):
+            warned += 1
+        else:
+            silent.append(offset)
+    print(
+        f"\ncheckpoint without .crc32: of {len(offsets)} single-byte flips, {refused} refused, {warned} loaded "
+        f"with the warning, {len(silent)} loaded silently"
+    )
+    assert silent == []

@@ -15,8 +15,6 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,11 @@ import torch
 from pytorch_accelerated.callbacks import TrainerCallback
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import list_complete_states, resolve_state_dir
-from tests import forked
+from tests.followed_runs import FollowedRun
 from tests.helpers import (
     EventRecorder,
     as_version_1,
     reseal_state,
-    subprocess_env,
 )
 from tests.integration.workers import resume_worker as rw
 
@@ -62,55 +59,11 @@ def state(states_dir: Path, step: int) -> Path:
     return max(saved, key=lambda path: (path / "manifest.json").stat().st_mtime_ns)
 
 
-class Worker:
-    """``tests/integration/workers/resume_worker.py`` in a session of its own (so a kill reaches its
-    data-loader workers too), forked (:mod:`tests.forked`), its output in a log file."""
+class Worker(FollowedRun):
+    """``tests/integration/workers/resume_worker.py``, followed line by line (see :mod:`tests.followed_runs`)."""
 
     def __init__(self, out: Path, *args: str, nproc: int = 1) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        self.out = out
-        self.log_path = out / "worker.log"
-        self.process = forked.start(
-            WORKER,
-            ["--out", str(out), *args],
-            nproc=nproc,
-            env=subprocess_env(out),
-            cwd=out,
-            log=self.log_path,
-            new_session=True,
-        )
-        self.command = self.process.args
-        self.deadline = time.monotonic() + TIMEOUT_S
-
-    @property
-    def output(self) -> str:
-        return self.process.output()
-
-    def describe(self) -> str:
-        return f"command: {' '.join(self.command)}\nexit code: {self.process.poll()}\n--- output ---\n{self.output}"
-
-    def wait_for_line(self, marker: str) -> None:
-        while marker not in self.output.splitlines():
-            if self.process.poll() is not None:
-                pytest.fail(f"The worker exited before printing {marker!r}.\n{self.describe()}")
-            if time.monotonic() > self.deadline:
-                self.kill()
-                pytest.fail(
-                    f"The worker did not print {marker!r} within {TIMEOUT_S:.0f} s.\n{self.describe()}"
-                )
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (the run and any data-loader workers)."""
-        self.process.kill()
-        self.process.wait(timeout=30)
-
-    def wait(self) -> int:
-        try:
-            return self.process.wait(timeout=max(1.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"The worker did not finish within {TIMEOUT_S:.0f} s.\n{self.describe()}")
+        super().__init__(WORKER, out, *args, nproc=nproc, timeout_s=TIMEOUT_S)
 
 
 # ---------------------------------------------------------------------------- the uninterrupted runs

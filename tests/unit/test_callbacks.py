@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,11 +12,13 @@ from torch import nn
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
     DEFAULT_CALLBACKS,
+    STATE_SAVES_ORDER,
     CallbackHandler,
     LogMetricsCallback,
     MoveModulesToDeviceCallback,
     PrintProgressCallback,
     ProgressBarCallback,
+    SaveTrainingStateCallback,
     TerminateOnNaNCallback,
     TrainerCallback,
     get_default_callbacks,
@@ -66,6 +69,99 @@ def test_callbacks_run_in_list_order_after_the_trainer_method() -> None:
     trainer.model.eval()
     trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
     assert order == ["method", "b:train", "a:train"]
+
+
+class Logged(TrainerCallback):
+    """Appends ``name:event`` to ``log`` at each event where a training state may be saved."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append(f"{self.name}:on_training_run_start")
+
+    def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append(f"{self.name}:on_train_step_end")
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append(f"{self.name}:on_training_run_epoch_end")
+
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append(f"{self.name}:on_training_run_end")
+
+
+class LoggedSaver(SaveTrainingStateCallback):
+    """A state saver that logs each event it handles, before handling it."""
+
+    def __init__(self, log: list[str], folder: Path) -> None:
+        super().__init__(folder, save_every_n_steps=1, save_every_n_epochs=1, handle_signals=())
+        self.log = log
+
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append("saver:on_training_run_start")
+        super().on_training_run_start(trainer)
+
+    def on_train_step_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self.log.append("saver:on_train_step_end")
+        super().on_train_step_end(trainer, *args, **kwargs)
+
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append("saver:on_training_run_epoch_end")
+        super().on_training_run_epoch_end(trainer)
+
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.log.append("saver:on_training_run_end")
+        super().on_training_run_end(trainer)
+
+
+class LoggedAfterSaves(Logged):
+    event_order = STATE_SAVES_ORDER + 1
+
+
+def logged_run(callbacks: Any) -> list[str]:
+    model = make_linear_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=callbacks)
+    trainer.train(make_regression_data(2), num_epochs=1, per_device_batch_size=2)
+    return [line.split(":")[0] for line in callbacks[0].log]
+
+
+@pytest.mark.parametrize("place", [0, 1, 2])
+def test_a_state_saver_runs_after_every_other_callback_at_every_event_wherever_it_is_listed(
+    tmp_path: Path, place: int
+) -> None:
+    log: list[str] = []
+    callbacks: list[Any] = [Logged("a", log), Logged("b", log)]
+    callbacks.insert(place, LoggedSaver(log, tmp_path))
+    # 1 update, 1 epoch: run start, the update, the epoch end, the run end; a and b in list order.
+    assert logged_run(callbacks) == ["a", "b", "saver"] * 4
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch_1", "final", "step_1"]
+
+
+def test_a_callback_with_a_higher_event_order_runs_after_the_state_saves(tmp_path: Path) -> None:
+    log: list[str] = []
+    assert (
+        logged_run([LoggedAfterSaves("after", log), LoggedSaver(log, tmp_path), Logged("a", log)])
+        == [
+            "a",
+            "saver",
+            "after",
+        ]
+        * 4
+    )
+
+
+@pytest.mark.parametrize("order", ["last", 1.5, True, None])
+def test_an_event_order_that_is_not_an_int_is_refused_when_the_callback_is_added(order: Any) -> None:
+    class Ordered(TrainerCallback):
+        event_order = order
+
+    with pytest.raises(TypeError) as raised:
+        CallbackHandler([Ordered()])
+    assert str(raised.value) == (
+        f"Ordered.event_order must be an int (where the callback runs among the others at every event, lower "
+        f"first: 0 by default, 100 for SaveTrainingStateCallback), got {order!r}. Rename the attribute if it "
+        f"means something else in your callback."
+    )
 
 
 def test_custom_events_reach_callbacks_that_declare_them() -> None:

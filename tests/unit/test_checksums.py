@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 import zlib
 from pathlib import Path
 
@@ -38,14 +39,36 @@ def test_save_checkpoint_writes_the_files_crc32_beside_it_and_the_file_loads_wit
     assert_equal_nested(loaded["model_state_dict"], trainer.get_model().state_dict())
 
 
-def test_a_checkpoint_without_its_crc32_loads_unchecked(tmp_path: Path) -> None:
-    """As files written by 0.1.61, earlier versions or torch.save do."""
+def unverified_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "without checking its bytes" in str(w.message)]
+
+
+def test_a_checkpoint_without_its_crc32_loads_unchecked_with_one_warning_saying_so(tmp_path: Path) -> None:
+    """As files written by 0.1.61, earlier versions or torch.save do, and copies that left it behind."""
     trainer = trained()
     trainer.save_checkpoint(tmp_path / "ckpt.pt")
     (tmp_path / "ckpt.pt.crc32").unlink()
     other = make_trainer(seed=1)
-    other.load_checkpoint(tmp_path / "ckpt.pt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        other.load_checkpoint(tmp_path / "ckpt.pt")
     assert_equal_nested(snapshot(other), snapshot(trainer))
+    assert unverified_warnings(caught) == [
+        f"Loaded {tmp_path / 'ckpt.pt'} without checking its bytes: there is no {tmp_path / 'ckpt.pt.crc32'} "
+        f"beside it (save_checkpoint writes one), so damage that still loads, such as a changed byte in a "
+        f"tensor's data, would go unnoticed. Files written by torch.save, by pytorch-accelerated 0.1.x or by "
+        f"earlier versions of this library have none; a copy may have left it behind. Copy ckpt.pt.crc32 "
+        f"with the file, or save it again with save_checkpoint."
+    ]
+    assert caught[0].filename == __file__  # the warning points at the call to load_checkpoint
+
+
+def test_a_checkpoint_with_its_crc32_loads_without_that_warning(tmp_path: Path) -> None:
+    trained().save_checkpoint(tmp_path / "ckpt.pt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(seed=1).load_checkpoint(tmp_path / "ckpt.pt")
+    assert unverified_warnings(caught) == []
 
 
 def test_a_checkpoint_replaced_by_hand_is_refused_saying_to_delete_the_old_crc32(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks import STATE_SAVES_ORDER, SaveTrainingStateCallback, TrainerCallback
 from pytorch_accelerated.checkpoints import folder_lock
 from pytorch_accelerated.checkpoints.directories import read_manifest
 from pytorch_accelerated.checkpoints.discovery import candidate_states
@@ -191,8 +191,9 @@ def test_a_run_stopped_by_sigterm_releases_the_folder(tmp_path: Path) -> None:
 
     trainer = make_trainer((SaveTrainingStateCallback(tmp_path), Terminate()))
     train(trainer, num_epochs=3)
-    assert trainer.progress.global_step == 2  # seen at the next safe point, after the saver's turn
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
+    # The saver runs after the other callbacks (its event_order): it sees the signal at the same update.
+    assert trainer.progress.global_step == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
 
 
 def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
@@ -298,6 +299,8 @@ def test_a_lock_of_an_older_version_from_another_host_is_taken_over_only_once_ex
 
 def test_a_run_whose_lock_was_taken_over_saves_nothing_more(tmp_path: Path) -> None:
     class TakeOver(TrainerCallback):  # another host's run takes the folder after the first save
+        event_order = STATE_SAVES_ORDER + 1  # after the saver's turn
+
         def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
             if trainer.progress.global_step == 1:
                 write_lock(tmp_path, host="elsewhere", pid=1, run_id="new-run")

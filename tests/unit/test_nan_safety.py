@@ -19,6 +19,7 @@ import torch
 
 from pytorch_accelerated import Trainer
 from pytorch_accelerated.callbacks import (
+    STATE_SAVES_ORDER,
     ModelEmaCallback,
     SaveBestModelCallback,
     SaveTrainingStateCallback,
@@ -181,7 +182,9 @@ def test_rotation_never_deletes_the_newest_finite_state_for_newer_non_finite_one
 
     seen: list[list[str]] = []
 
-    class ListStates(TrainerCallback):  # placed after the saver: sees each rotation's result
+    class ListStates(TrainerCallback):  # runs after the saver: sees each rotation's result
+        event_order = STATE_SAVES_ORDER + 1
+
         def on_train_step_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             seen.append(sorted(p.name for p in save_dir.iterdir() if p.name != ".run.lock"))
 

@@ -28,6 +28,8 @@ from tests.helpers import make_regression_data, make_trainer
 
 
 class TermAtStep2(TrainerCallback):
+    """Sends SIGTERM after update 2; the saver, which runs after the other callbacks, saves step_2."""
+
     def __init__(self) -> None:
         self.ended = False
 
@@ -57,10 +59,10 @@ def test_sigterm_under_torchrun_with_restarts_left_saves_ends_the_run_then_exits
         trainer.train(make_regression_data(8), num_epochs=3, per_device_batch_size=2)
     assert raised.value.code == 128 + signal.SIGTERM == 143
     assert term.ended  # the end hooks ran first
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]  # saved; the lock released
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]  # saved; the lock released
     assert not (tmp_path / LOCK_NAME).exists()
     assert (
-        f"Training stopped: received SIGTERM; saved the training state to {tmp_path / 'step_3'}; exiting "
+        f"Training stopped: received SIGTERM; saved the training state to {tmp_path / 'step_2'}; exiting "
         "with code 143 after the end hooks so that torchrun restarts the job (2 restart(s) left), and "
         "the relaunch resumes from it"
     ) in capsys.readouterr().out
@@ -77,7 +79,7 @@ def test_sigterm_without_restarts_left_returns_from_train_as_documented(
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restarts[0])
         monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", restarts[1])
     assert run_with_sigterm(tmp_path).ended
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2"]
 
 
 # ------------------------------------------------ a group formed on the agent's store, per attempt

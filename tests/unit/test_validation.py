@@ -143,8 +143,23 @@ class Place:
     none_reaches_check: bool = True  # False where None means something else (WSD run length)
 
 
+def find_learning_rate_with_num_steps(value: Any) -> Any:
+    return make_trainer().find_learning_rate(DATA, per_device_batch_size=4, num_steps=value)
+
+
 VALIDATION = "_internal/validation.py"
 PLACES = [
+    Place(
+        "find_learning_rate-num_steps",
+        "lr_finder.py",
+        "find_learning_rate",
+        "num_steps",
+        2,
+        False,
+        find_learning_rate_with_num_steps,
+        5,
+        (1, 2.5, "5"),
+    ),
     Place("train-num_epochs", VALIDATION, "", "num_epochs", 1, False, train_with("num_epochs"), 1, (0, 2.5)),
     Place(
         "train-per_device_batch_size",

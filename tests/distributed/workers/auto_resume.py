@@ -31,7 +31,7 @@ from common import RegressionDataset, make_mlp, parse_args, rank, state_dict_to_
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks import STATE_SAVES_ORDER, SaveTrainingStateCallback, TrainerCallback
 
 NUM_EPOCHS = 3
 SAVE_EVERY_N_STEPS = 2
@@ -39,6 +39,8 @@ SAVE_EVERY_N_STEPS = 2
 
 class LogUpdates(TrainerCallback):
     """Append each update trained, with the attempt (torchrun's restart count), to ``path``; sleep ``sleep_s``."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, path: Path, sleep_s: float) -> None:
         self.path, self.sleep_s = path, sleep_s
@@ -52,6 +54,8 @@ class LogUpdates(TrainerCallback):
 
 class InjectFault(TrainerCallback):
     """At update ``at``: raise (unless ``once`` exists; then create it first), or SIGKILL this process."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, at: int, kill: bool, once: Path | None) -> None:
         self.at, self.kill, self.once = at, kill, once

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 NUM_FEATURES = 5
 NUM_OUTPUTS = 2
@@ -51,6 +51,13 @@ def make_data(num_samples: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tens
     x = torch.randn(num_samples, NUM_FEATURES, generator=generator)
     y = torch.randn(num_samples, NUM_OUTPUTS, generator=generator)
     return x, y
+
+
+def linear_targets_dataset(num_samples: int, seed: int = 1) -> TensorDataset:
+    """``(x, x @ W)`` for a fixed ``W``: data a linear model can fit, so that its loss falls."""
+    x, _ = make_data(num_samples, seed)
+    weight = torch.linspace(-1.0, 1.0, NUM_FEATURES * NUM_OUTPUTS).reshape(NUM_FEATURES, NUM_OUTPUTS)
+    return TensorDataset(x, x @ weight)
 
 
 class RegressionDataset(Dataset):

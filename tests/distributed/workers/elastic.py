@@ -32,7 +32,7 @@ from common import RegressionDataset, make_mlp, parse_args, state_dict_to_lists
 from torch import nn
 
 from pytorch_accelerated import Trainer, TrainerPlaceholderValues
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback
+from pytorch_accelerated.callbacks import STATE_SAVES_ORDER, SaveTrainingStateCallback, TrainerCallback
 
 NUM_SAMPLES, BATCH_SIZE, NUM_EPOCHS, SAVE_EVERY = 96, 8, 3, 2
 HOLD_S = 120.0  # a hold that is never released fails the run instead of hanging it
@@ -73,6 +73,8 @@ class Log(TrainerCallback):
 
 class Hold(TrainerCallback):
     """The held points (see the module docstring); after the state saver, so the state is saved."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, log: Log, saver: SaveTrainingStateCallback) -> None:
         self.log, self.saver = log, saver

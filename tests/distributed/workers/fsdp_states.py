@@ -12,7 +12,9 @@ when the run starts its first epoch (after a resume: what was loaded) and right 
 (what ``step_8`` holds), with the whole optimizer state. Run alone (plain ``python``), it joins a
 process group of one (FSDP needs a group). ``--try-async``: after the run, ``save_training_state(...,
 asynchronous=True)`` must be refused before anything is written; then a save that fails
-inside DCP on process 1 (a file-size limit) must raise on both and leave nothing behind.
+inside DCP on process 1 (a file-size limit) must raise on both and leave nothing behind; then the
+model's first layer is frozen, a state saved by hand into ``<save-dir>_frozen/state``, every
+parameter made trainable again and the state loaded back (result ``frozen``).
 ``--then-resume-from STATE``: then a new Trainer in the same launch resumes from ``STATE``
 (result ``then``). ``--flipped-states FOLDER``: then, in the same launch, a new Trainer tries to
 resume from each state in ``FOLDER`` (result ``flips``: what each attempt raised, None when it
@@ -133,6 +135,20 @@ def try_failing_save(trainer: Trainer, save_dir: Path) -> dict[str, Any]:
     return {"type": None}
 
 
+def try_frozen_round_trip(trainer: Trainer, target: Path) -> dict[str, Any]:
+    """Freeze the model's first layer, save a state by hand, make every parameter trainable again and
+    load the state back: which parameters require gradients then, and what the state records."""
+    model = trainer.get_model()
+    next(model.children()).requires_grad_(False)
+    trainer.save_training_state(target)
+    model.requires_grad_(True)
+    trainer.load_training_state(target)
+    return {
+        "frozen": sorted(name for name, param in model.named_parameters() if not param.requires_grad),
+        "record": torch.load(target / "trainer_state.pt", weights_only=True)["frozen_parameters"],
+    }
+
+
 def run(args: Any, save_dir: str, resume_from: str) -> tuple[Trainer, dict[str, Any]]:
     """The run of the module docstring, saving into ``save_dir``, resumed from ``resume_from`` if given."""
     model = make_mlp()
@@ -199,6 +215,7 @@ def main() -> None:
     if args.try_async:
         result["async"] = try_async_save(trainer, Path(args.save_dir) / "async")
         result["failed_save"] = try_failing_save(trainer, Path(args.save_dir))
+        result["frozen"] = try_frozen_round_trip(trainer, Path(f"{args.save_dir}_frozen") / "state")
     if args.then_resume_from:  # then a new Trainer in this process resumes from there
         result["then"] = run(args, f"{args.save_dir}_then", args.then_resume_from)[1]
     if args.flipped_states:  # then the attempts to resume from damaged states

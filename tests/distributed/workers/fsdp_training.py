@@ -5,8 +5,9 @@ accumulation 2 (a last window of 1 batch), ``save_checkpoint`` (``ddp.pt``), an 
 more epoch; then 1 epoch clipped by value. Phase 2 (FSDP2 through accelerate's FSDP code paths,
 ``fsdp_cpu.FSDPOnCPUTrainer``): the same runs (``fsdp.pt``); a fresh FSDP trainer with other
 weights loads ``ddp.pt``, evaluates, saves it again (``reloaded.pt``) and trains the one more
-epoch, and saves a per-node file as on 2 machines; a NaN put into process 1's shard only is refused by ``save_checkpoint``; the EMA callback
-is refused at run start. DDP runs first: the FSDP engine type, once set by hand, is the
+epoch, and saves a per-node file as on 2 machines; a NaN put into process 1's shard only is
+refused by ``save_checkpoint``; the EMA callback is refused at run start, and so is the
+learning-rate range test. DDP runs first: the FSDP engine type, once set by hand, is the
 process's (accelerate's state is shared). Rank 0 writes the losses; the test compares them.
 """
 
@@ -150,6 +151,7 @@ def main() -> None:
     ema = new_trainer(FSDPOnCPUTrainer)
     ema.callback_handler.add_callback(ModelEmaCallback(save_path=None))
     result["ema"] = error_of(lambda: ema.train(TRAIN, num_epochs=1, **RUN))
+    result["range_test"] = error_of(lambda: new_trainer(FSDPOnCPUTrainer).find_learning_rate(TRAIN))
     ema.accelerator.wait_for_everyone()
     common.write_result(out, result)
 

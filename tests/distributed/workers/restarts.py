@@ -36,7 +36,12 @@ from common import NUM_FEATURES, RegressionDataset, parse_args, rank, write_resu
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback, get_default_callbacks
+from pytorch_accelerated.callbacks import (
+    STATE_SAVES_ORDER,
+    SaveTrainingStateCallback,
+    TrainerCallback,
+    get_default_callbacks,
+)
 from pytorch_accelerated.checkpoints import directories
 
 NUM_SAMPLES = 640
@@ -51,6 +56,8 @@ def attempt() -> int:
 
 class Faults(TrainerCallback):
     """Injects this attempt's fault for this rank, and records where each attempt started."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, faults: list[dict[str, Any]], out: Path) -> None:
         self.out = out

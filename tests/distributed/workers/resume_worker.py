@@ -25,7 +25,12 @@ from common import NUM_FEATURES, RegressionDataset, parse_args, rank, state_dict
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback, get_default_callbacks
+from pytorch_accelerated.callbacks import (
+    STATE_SAVES_ORDER,
+    SaveTrainingStateCallback,
+    TrainerCallback,
+    get_default_callbacks,
+)
 from pytorch_accelerated.schedulers import CosineLrScheduler
 
 NUM_EPOCHS = 3
@@ -34,6 +39,10 @@ SAVE_EVERY_N_STEPS = 4
 
 
 class PauseRank0(TrainerCallback):
+    """Pauses rank 0 after update ``at_step`` (and its save) until the saver notes a signal."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
+
     def __init__(self, at_step: int, saver: SaveTrainingStateCallback, out: Any) -> None:
         self.at_step, self.saver, self.out = at_step, saver, out
         self.paused = False

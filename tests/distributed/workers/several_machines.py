@@ -29,7 +29,12 @@ from common import RegressionDataset, make_mlp, parse_args, write_result
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
+from pytorch_accelerated.callbacks import (
+    STATE_SAVES_ORDER,
+    SaveTrainingStateCallback,
+    StopTrainingError,
+    TrainerCallback,
+)
 
 DATA = RegressionDataset(32)  # 2 nodes x batches of 4: 4 updates per epoch
 STATE = Path("checkpoints/state-mid-epoch-2")
@@ -46,6 +51,8 @@ class PerNodeTrainer(Trainer):
 
 
 class SaveMidEpoch(TrainerCallback):
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
+
     def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
         if trainer.progress.global_step == 6 and not STATE.exists():  # the 2nd update of epoch 2
             trainer.save_training_state(STATE)
@@ -53,6 +60,8 @@ class SaveMidEpoch(TrainerCallback):
 
 class StopAfter(TrainerCallback):
     """Ends the run after update ``step`` (as a job that is stopped would), on every process."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, step: int) -> None:
         self.step = step

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback  # noqa: E402
+from pytorch_accelerated.callbacks import STATE_SAVES_ORDER, SaveTrainingStateCallback, TrainerCallback  # noqa: E402
 from tests.helpers import make_regression_data, make_trainer  # noqa: E402
 
 SAVE_EVERY_N_STEPS = 4
@@ -42,6 +42,8 @@ SAVE_EVERY_N_STEPS = 4
 
 class RecordSaves(TrainerCallback):
     """After each save of the callback before it: what the state must hold, by its name."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self) -> None:
         self.saved: dict[str, Any] = {}
@@ -93,6 +95,8 @@ def concurrent(out: Path, name: str, peer: str, trials: int, seed: int) -> None:
 
 class KillAt(TrainerCallback):
     """SIGKILL this process at the second ``train()`` call's update ``step`` (after its save)."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, step: int | None) -> None:
         self.step = step

@@ -40,7 +40,12 @@ from torch.utils.data import Dataset
 
 import pytorch_accelerated.checkpoints.directories
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import SaveTrainingStateCallback, TrainerCallback, get_default_callbacks
+from pytorch_accelerated.callbacks import (
+    STATE_SAVES_ORDER,
+    SaveTrainingStateCallback,
+    TrainerCallback,
+    get_default_callbacks,
+)
 from pytorch_accelerated.schedulers import CosineLrScheduler
 
 NUM_FEATURES = 5
@@ -111,6 +116,8 @@ class CountBatches(TrainerCallback):
 
 class Markers(TrainerCallback):
     """Prints ``STEP n`` / ``EPOCH e`` and pauses where asked (listed after the save callback)."""
+
+    event_order = STATE_SAVES_ORDER + 1  # after the state saves of the same event
 
     def __init__(self, pause_at_step: int | None = None, pause_at_epoch: int | None = None) -> None:
         self.pause_at_step = pause_at_step
