@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import math
 import os
 import time
@@ -116,9 +117,13 @@ def destroy_process_group_at_exit(accelerator: Accelerator) -> None:
     the group is not enough alone: it joins the threads only when nothing else holds the group
     (a DistributedDataParallel model does).
     """
-    atexit.unregister(_release_process_group)  # registered once, however many Trainers
     if accelerator.num_processes > 1:
-        atexit.register(_release_process_group)
+        _register_release_at_exit()
+
+
+@functools.cache  # once per process, at the first Trainer: atexit runs it after later handlers
+def _register_release_at_exit() -> None:
+    atexit.register(_release_process_group)
 
 
 def _release_process_group() -> None:
