@@ -33,6 +33,11 @@ repository root::
 
     .venv/bin/python benchmarks/restart_time.py
     .venv/bin/python benchmarks/restart_time.py --repeats 3 --json-out restart.json
+    .venv/bin/python benchmarks/restart_time.py --store shared --cases 3   # torchrun's shared store
+
+``--store own`` (the default, as in the tables of docs/benchmarks.md) launches with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: a store per attempt; ``--store shared`` without it, on
+the store torchrun's agent keeps across attempts.
 """
 
 import time
@@ -137,7 +142,9 @@ def worker(argv: list[str]) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def run_case(batch_size: int, width: int | None, every: int, kill_at: int, work: Path) -> dict[str, Any]:
+def run_case(
+    batch_size: int, width: int | None, every: int, kill_at: int, work: Path, store: str = "own"
+) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     (work / "times").mkdir(parents=True)
     command = [
@@ -148,9 +155,12 @@ def run_case(batch_size: int, width: int | None, every: int, kill_at: int, work:
         "--times", str(work / "times"), "--kill-at", str(kill_at),
         *(["--width", str(width)] if width else []),
     ]  # fmt: skip
-    # A store of its own for every attempt: torch's shared one keeps the dead attempt's addresses,
-    # which the new processes may read (pytorch/pytorch#135712; docs/recipes/clusters.md).
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # shared: the store torchrun's agent keeps across attempts (torch's default); own: a store of
+    # its own for every attempt (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; docs/recipes/clusters.md).
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    if store == "own":
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     (work / "output.txt").write_text(output)
@@ -243,6 +253,12 @@ def main() -> None:
     parser.add_argument("--cases", type=int, nargs="*", help="indices into the case list (default: all)")
     parser.add_argument("--json-out", type=Path)
     parser.add_argument(
+        "--store",
+        choices=("own", "shared"),
+        default="own",
+        help="own: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a store per attempt; shared: torchrun's default",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="keep the last run of each case here (states, times, output)"
     )
     args = parser.parse_args()
@@ -252,7 +268,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for index, (name, batch_size, width, every, kill_at) in enumerate(chosen):
             work = (args.keep or Path(tmp)) / f"case{index}"
-            runs = [run_case(batch_size, width, every, kill_at, work) for _ in range(args.repeats)]
+            runs = [
+                run_case(batch_size, width, every, kill_at, work, args.store) for _ in range(args.repeats)
+            ]
             median = {part: statistics.median(r["parts"][part] for r in runs) for part in PARTS}
             library = statistics.median(r["library"] for r in runs)
             rows.append({"case": name, "parts": median, "library": library, "runs": runs})

@@ -54,7 +54,9 @@ that calls them. docs/architecture.md draws the same map::
                         Accelerator's set-up checked, precision and FSDP that cannot run here),
                         hangs (what a failed collective was doing; the watchdog for a process a
                         stop signal finds stuck), launch_checks (a launch whose processes do not
-                        add up fails early), errors (StopTrainingError, public through callbacks)
+                        add up fails early), agent_store (under torchrun, a namespace of its own
+                        per attempt on the agent's store), errors (StopTrainingError, public
+                        through callbacks)
 
 Every public name of pytorch-accelerated 0.1.61 keeps its import path (docs/migration.md lists
 them, and what changed; docs/api/ documents the public names); see docs/inside-the-trainer.md

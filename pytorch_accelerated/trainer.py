@@ -58,7 +58,7 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
 from .callbacks.limits import limit_batches_callback_from_env
 from .callbacks.training_state import auto_resume_folder
 from .checkpoints import model_files
-from .checkpoints.auto_resume import AUTO, AutoResume
+from .checkpoints.auto_resume import AUTO, AutoResume, training_began
 from .checkpoints.resume import Resumed, ResumePlan
 from .checkpoints.store import TrainingStateStore
 from .checkpoints.training_objects import TrainingObjects
@@ -637,7 +637,8 @@ class Trainer:
         except Exception as error:
             progress = self.progress
             position = {"update": self.run_identity.run_step(progress), "epoch": progress.epoch + 1}
-            relaunch.record_failure(error, {**position, "batch": progress.batch_index})
+            began = training_began(self.callback_handler)  # a refusal before training records nothing
+            relaunch.record_failure(error, {**position, "batch": progress.batch_index}, began)
             raise
         relaunch.clear_failure()
 

@@ -281,24 +281,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-#: What a process prints when torch's gloo backend aborts while the interpreter shuts down:
-#: a C++ thread of the process group is still joinable when it is destroyed. It happens after
-#: the script has finished (seen here in a few percent of 2-process runs of a bare
-#: init_process_group + all_reduce script, with no library code involved). The Trainer
-#: destroys its process group at exit, which makes it rarer but not impossible.
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def finished_but_aborted_at_teardown(returncode: int, output: str, every_rank_finished: bool) -> bool:
-    """True for a run whose every rank finished and which then failed only by gloo's teardown abort."""
-    return (
-        returncode != 0
-        and every_rank_finished
-        and GLOO_TEARDOWN_ABORT in output
-        and "Traceback" not in output.split(GLOO_TEARDOWN_ABORT)[0]
-    )
-
-
 def reseal_state(state: Path) -> None:
     """Rewrite the manifest of the training state ``state`` with the checksums of its files as they
     are now, as if it had been saved so: for tests that change a state's files on purpose."""

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests import forked
-from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from tests.helpers import free_port, subprocess_env
 
 WORKERS_DIR = Path(__file__).parent / "distributed" / "workers"
 DEFAULT_TIMEOUT_S = 120.0
@@ -170,9 +170,6 @@ class RunningGroup:
             )
         run = WorkerRun(self.command, returncode, output, time.monotonic() - self.start, self.out_dir)
         run.results = [_read_json(self.out_dir / f"rank{rank}.json") for rank in range(self.nproc)]
-        every_rank_finished = all(result is not None for result in run.results)
-        if finished_but_aborted_at_teardown(run.returncode, output, every_rank_finished):
-            run.returncode = 0  # torch/gloo's abort at interpreter shutdown, after the work was done
         if self.expect_success:
             missing = [rank for rank, result in enumerate(run.results) if result is None]
             assert run.returncode == 0 and not missing, (

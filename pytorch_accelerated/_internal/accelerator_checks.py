@@ -1,6 +1,7 @@
 """Checks of the Accelerator a Trainer was given: processes that did not form one group and
 accumulation configured in accelerate fail fast; a precision or FSDP that was asked for but
-cannot run here is a warning. Also whether this machine has an accelerator device."""
+cannot run here, and a group that a torchrun restart could not form again, are warnings. Also
+whether this machine has an accelerator device."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import warnings
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+
+from .agent_store import warn_if_restarts_reuse_the_agent_store
 
 
 def has_accelerator_device() -> bool:
@@ -24,8 +27,10 @@ def has_accelerator_device() -> bool:
 def check_accelerator(accelerator: Accelerator, created_by: str = "Trainer._create_accelerator") -> None:
     """Fail fast on a launch whose processes did not form one group, or on accelerate-side
     accumulation; warn when the precision asked for cannot run here (fp16 on a CPU), or when
-    FSDP was asked for but accelerate runs something else (on a CPU). ``created_by`` names the
-    method that made ``accelerator`` (an override's qualified name), for the message."""
+    FSDP was asked for but accelerate runs something else (on a CPU), or when torchrun will
+    restart a group formed on its own store without a namespace of its own (see
+    :mod:`.agent_store`). ``created_by`` names the method that made ``accelerator`` (an
+    override's qualified name), for the message."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise RuntimeError(_not_one_group_message(accelerator, launched, created_by))
@@ -43,6 +48,7 @@ def check_accelerator(accelerator: Accelerator, created_by: str = "Trainer._crea
     for message in (unavailable_precision_message(accelerator), dropped_fsdp_message(accelerator)):
         if message is not None and accelerator.is_local_main_process:  # once per machine
             warnings.warn(message, UserWarning, stacklevel=3)  # the line that created the Trainer
+    warn_if_restarts_reuse_the_agent_store()
 
 
 def _not_one_group_message(accelerator: Accelerator, launched: int, created_by: str) -> str:

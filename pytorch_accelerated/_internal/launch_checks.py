@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -70,40 +69,6 @@ class Launch:
         )
 
 
-#: What torch's elastic agent sets in the environment of its workers: the restart count, the maximum.
-ENV_RESTARTS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-
-
-def torchrun_restarts_left() -> int:
-    """How many more times torch's elastic agent (``torchrun --max-restarts N``) will restart this
-    process's group if it fails (``TORCHELASTIC_MAX_RESTARTS - TORCHELASTIC_RESTART_COUNT``); 0
-    without an agent."""
-    count, most = (os.environ.get(name, "").strip() for name in ENV_RESTARTS)
-    return max(int(most) - int(count), 0) if count.isdigit() and most.isdigit() else 0
-
-
-def warn_if_restarts_share_the_agent_store() -> None:
-    """Warn (on rank 0) when torchrun will restart this group but its workers form their process
-    group on the agent's own store, where the previous attempt's addresses stay behind."""
-    if (
-        torchrun_restarts_left() == 0
-        or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        or os.environ.get("RANK", "0") != "0"
-        or int(os.environ.get("WORLD_SIZE", "1")) < 2
-    ):
-        return
-    warnings.warn(
-        "torchrun will restart this job after a failure (--max-restarts), but its processes form "
-        "their process group on torchrun's own store (the static rendezvous of --master_addr/"
-        "--master_port, or --rdzv-backend c10d without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), where "
-        "the failed attempt's addresses stay: a restarted group can read them and fail to form "
-        "('Gloo connectFullMesh failed ... Connection refused', or NCCL's connection errors), using "
-        "up the restarts. Launch with --rdzv-backend c10d --rdzv-endpoint HOST:PORT (or --standalone "
-        "on one machine) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment.",
-        stacklevel=4,  # the line that creates the Trainer
-    )
-
-
 def launch_to_check() -> Launch | None:
     """The launch to check, or None: one process, a group torch's elastic agent gathered
     (``torchrun``, ``accelerate launch --multi_gpu``, ``notebook_launcher``), a process group
@@ -150,7 +115,6 @@ def check_every_process_joins() -> None:
     Called before the Trainer creates its Accelerator. Costs a few store round trips.
     """
     global _checks_done
-    warn_if_restarts_share_the_agent_store()
     launch = launch_to_check()
     if launch is None:
         return

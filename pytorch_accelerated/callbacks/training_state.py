@@ -8,12 +8,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._internal.agent_store import torchrun_restarts_left
 from .._internal.argument_checks import check_whole_number
 from .._internal.distributed import per_process
 from .._internal.fsdp import uses_fsdp
 from .._internal.hangs import SignalWatchdog, describe_position, signal_grace_s
 from .._internal.intervals import every
-from .._internal.launch_checks import torchrun_restarts_left
 from ..checkpoints import sharded
 from ..checkpoints.collective_saves import writes_shared_files
 from ..checkpoints.directories import read_manifest, remove_entry

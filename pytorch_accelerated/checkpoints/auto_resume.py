@@ -4,19 +4,24 @@ repeat the failure that ended the launches before it.
 
 Knows nothing of the Trainer: it is given the accelerator and the folder. One collective call decides:
 the local main process of each machine lists the states of its own folder (the folders of several
-machines need not be one shared folder) and the failure records there, every process gathers the
-lists and takes the same decision. A run started with ``"auto"`` that ends with an exception records
-it, per process, in ``<folder>/failure_rank{R}.json``; the same failure again after resuming from
-the same state marks the record repeated, and the next ``"auto"`` launch that would resume from that
-state again ends before training. See docs/checkpoints.md, "One script for every launch" and
-"No endless restart loop".
+machines need not be one shared folder), the failure records there and whether another run holds
+the folder, every process gathers the lists and takes the same decision. A run started with
+``"auto"`` that fails with an exception once training has begun records it, per process, in
+``<folder>/.failures/rank{R}.json``, with the script and code it came from (the entry script's
+path and SHA-256, the package's version); the same failure again, of the same code, after
+resuming from the same state marks the record repeated, and the next ``"auto"`` launch of that
+code that would resume from that state again ends before training. A run refused before training
+(the folder's lock, its arguments, settings or state checks) records nothing. See
+docs/checkpoints.md, "One script for every launch" and "No endless restart loop".
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -26,14 +31,20 @@ from accelerate.utils import gather_object
 
 from .._internal.errors import add_note
 from .._internal.hangs import is_collective_failure
-from .discovery import candidate_states
+from . import folder_lock
+from .directories import read_manifest
+from .discovery import candidate_states, run_step
 from .original_states import is_original_state
 from .resume import ResumePlan
 
 #: The value of ``resume_from`` that chooses by itself.
 AUTO = "auto"
-#: The file a process of an ``"auto"`` run records its failure in, inside the folder of states.
-FAILURE_RECORD = "failure_rank{rank}.json"
+#: The folder, inside the folder of states, that holds every process's failure record.
+FAILURES = ".failures"
+#: The file a process of an ``"auto"`` run records its failure in, inside :data:`FAILURES`.
+FAILURE_RECORD = "rank{rank}.json"
+#: What a record says of the code it came from: two records of the same code agree on all of these.
+CODE_KEYS = ("script", "script_sha256", "version")
 
 
 class RepeatedFailureError(RuntimeError):
@@ -49,6 +60,7 @@ class AutoResume:
         self.folder = folder
         self.failures: list[dict[str, Any]] = []  # the records every machine's folder holds
         self.origin: dict[str, Any] | None = None  # the state the run resumed from (None: new)
+        self.code = code_identity()
 
     def choose(self) -> ResumePlan | None:
         """The plan of the resume (the states to try), or None for a new run; every process must call
@@ -69,6 +81,11 @@ class AutoResume:
         nodes = [node for node in views if node is not None]
         self.failures = [record for node in nodes for record in node["failures"]]
         chosen = decide(self.folder, nodes)
+        # Refused now, before the line of a resume or a new run: a folder another run holds, or the
+        # failure that the state to resume (the first one a resume tries) would repeat.
+        if held := next((node["held"] for node in nodes if node["held"]), None):
+            raise folder_lock.FolderInUseError(held)
+        self.check_not_repeating(_first_origin(nodes[0], chosen))
         if chosen is None:
             if accelerator.is_main_process:
                 print(f'resume_from="auto": no training state in {self.folder}, starting a new run')
@@ -80,32 +97,37 @@ class AutoResume:
 
     def check_not_repeating(self, origin: dict[str, Any] | None) -> None:
         """Before training: note where the run starts (``origin``: the ``run_id`` and ``update`` of
-        the state it resumed, None for a new run), and end the launch when a repeated failure was
-        recorded after starting there (on every process alike: they share the records).
+        the state it resumes, None for a new run), and end the launch when a repeated failure of this
+        very code (the same entry script, byte for byte, and package version) was recorded after
+        starting there; on every process alike: they share the records.
 
         Raises:
-            RepeatedFailureError: naming the failure, where, how many times, and what to do.
+            RepeatedFailureError: naming the failure, where, how many times, every record, and how
+                to clear them.
         """
         self.origin = origin
-        for record in self.failures:
-            if record.get("repeated") and record.get("resumed_from") == origin:
-                raise RepeatedFailureError(
-                    f'resume_from="auto": the same failure as before. {_describe(record)}, '
-                    f"{record['count']} times, the last after {_describe_origin(origin)} (recorded in "
-                    f"{record['file']}). "
-                    f"This launch ends here instead of training up to it again. Fix the cause, then delete "
-                    f"{record['file']} and launch again (a newer state in {self.folder} clears it too); or "
-                    f"pass resume_from an earlier state of {self.folder} to try from there."
-                )
+        repeated = [
+            record
+            for record in self.failures
+            if record.get("repeated")
+            and record.get("resumed_from") == origin
+            and same_code(record, self.code)
+        ]
+        if repeated:
+            raise RepeatedFailureError(_repeated_message(self.folder, repeated, origin))
 
-    def record_failure(self, error: BaseException, position: dict[str, int]) -> None:
+    def record_failure(self, error: BaseException, position: dict[str, int], began: bool = True) -> None:
         """The run failed on this process with ``error`` at ``position`` (``update``, ``epoch``,
         ``batch``, counted from 1, 1, 0) after starting at :attr:`origin`: record it in this
-        process's file; when it is the same failure as the one recorded there before (the same
-        exception type raised by the same line at the same update: no progress past it), count it,
-        mark it repeated and add a note to ``error`` saying so; a failed collective operation (a peer
-        lost) never repeats. Never raises: a failure to record is a note on ``error``."""
-        path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
+        process's file, with the code it came from; when it is the same failure as the one recorded
+        there before (the same exception type raised by the same line at the same update, of the
+        same code: no progress past it), count it, mark it repeated and add a note to ``error``
+        saying so; a failed collective operation (a peer lost) never repeats. ``began``: False for a
+        run refused before training began (see :func:`training_began`), which records nothing.
+        Never raises: a failure to record is a note on ``error``."""
+        if not began:
+            return
+        path = failures_folder(self.folder) / FAILURE_RECORD.format(rank=self.accelerator.process_index)
         frames = traceback.extract_tb(error.__traceback__)
         record = {
             "exception": type(error).__qualname__,
@@ -113,6 +135,8 @@ class AutoResume:
             "raised_at": f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown",
             **position,
             "resumed_from": self.origin,
+            "rank": self.accelerator.process_index,
+            **self.code,
             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "count": 1,
             "repeated": False,
@@ -121,30 +145,83 @@ class AutoResume:
         # A lost peer (killed, preempted) is not this process's failure: it never counts as repeated.
         if (
             before is not None
-            and all(before.get(key) == record[key] for key in ("exception", "raised_at", "update"))
+            and all(
+                before.get(key) == record[key] for key in ("exception", "raised_at", "update", *CODE_KEYS)
+            )
             and not is_collective_failure(error)
         ):
             record.update(count=int(before.get("count", 1)) + 1, repeated=True)
             add_note(
                 error,
                 f'resume_from="auto": the same failure as before, {record["count"]} times at update '
-                f"{record['update']}, this time after {_describe_origin(self.origin)} (recorded in {path}): "
-                f'the next launch with resume_from="auto" that would start there again ends before training.',
+                f"{record['update']}, this time after {_describe_origin(self.origin)}, with the same "
+                f"script and code (recorded in {path.parent}): the next launch of this code with "
+                f'resume_from="auto" that would start there again ends before training.',
             )
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f".{path.name}.{os.getpid()}")
-            temporary.write_text(json.dumps(record, indent=1))
-            os.replace(temporary, path)
-        except OSError as failure:
-            add_note(error, f"(This failure could not be recorded in {path}: {failure}.)")
+        _write_record(path, record, error)
 
     def clear_failure(self) -> None:
-        """The run ended without an exception: remove this process's failure record."""
-        path = self.folder / FAILURE_RECORD.format(rank=self.accelerator.process_index)
+        """The run ended without an exception: remove this process's failure record (and the
+        folder of records once it is empty)."""
+        records = failures_folder(self.folder)
         # A folder that turned read-only: the record stays, cleared by the newer states.
         with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
+            (records / FAILURE_RECORD.format(rank=self.accelerator.process_index)).unlink(missing_ok=True)
+            records.rmdir()  # not empty: another process's record stays until that process clears it
+
+
+def _write_record(path: Path, record: dict[str, Any], error: BaseException) -> None:
+    """Write ``record`` to ``path`` atomically; a failure to is a note on ``error``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(record, indent=1))
+        os.replace(temporary, path)
+    except OSError as failure:
+        add_note(error, f"(This failure could not be recorded in {path}: {failure}.)")
+
+
+def training_began(callback_handler: Any) -> bool:
+    """Whether a run that failed had begun training: an event after ``on_training_run_start`` had
+    fired. Before that, a failure is a refusal (the folder's lock, a check of the resumed state in
+    the run's start events) or a callback's failure to start, which a relaunch does not repeat at
+    any cost."""
+    return (callback_handler.current_event or callback_handler.last_event) not in (
+        None,
+        "on_training_run_start",
+    )
+
+
+def code_identity() -> dict[str, Any]:
+    """The code a run comes from: its entry script (``__main__``'s file, None in a notebook or an
+    interactive session), the SHA-256 of that file's bytes, and this package's version."""
+    from .. import __version__
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    digest = None
+    if script:
+        with contextlib.suppress(OSError):
+            digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+    return {
+        "script": os.path.abspath(script) if script else None,
+        "script_sha256": digest,
+        "version": __version__,
+    }
+
+
+def same_code(record: dict[str, Any], code: dict[str, Any]) -> bool:
+    """Whether ``record`` came from the code ``code`` (a record of an older version, without
+    them, never does)."""
+    return all(record.get(key, "unknown") == code[key] for key in CODE_KEYS)
+
+
+def failures_folder(folder: Path) -> Path:
+    """Where every process's failure record of the run saving into ``folder`` lives."""
+    return folder / FAILURES
+
+
+def clear_records_command(folder: Path) -> str:
+    return f"rm -r {failures_folder(folder)}"
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -162,6 +239,41 @@ def _describe_origin(origin: dict[str, Any] | None) -> str:
     )
 
 
+def _describe_code(record: dict[str, Any]) -> str:
+    script = record.get("script")
+    digest = str(record.get("script_sha256"))[:12]
+    return (
+        f"the script {script} (SHA-256 {digest}...) with pytorch-accelerated {record.get('version')}"
+        if script
+        else f"code without an entry script (a notebook?) with pytorch-accelerated {record.get('version')}"
+    )
+
+
+def _repeated_message(folder: Path, repeated: list[dict[str, Any]], origin: dict[str, Any] | None) -> str:
+    first = repeated[0]
+    processes = ", ".join(str(record.get("rank", "?")) for record in repeated)
+    return (
+        f'resume_from="auto": the same failure as before. {_describe(first)}, {first["count"]} times, '
+        f"the last after {_describe_origin(origin)}, on process {processes}, each time with "
+        f"{_describe_code(first)} (recorded in {failures_folder(folder)}: "
+        f"{', '.join(Path(record['file']).name for record in repeated)}). This launch ends here instead "
+        f"of training up to it again. Once the cause is fixed in the script, launch again: a changed "
+        f"script is not held back. If the fix is elsewhere (a module it imports, the data, the "
+        f"environment), clear the records of every process first: {clear_records_command(folder)} "
+        f"(a newer state in {folder} clears them too); or pass resume_from an earlier state of "
+        f"{folder} to try from there."
+    )
+
+
+def _first_origin(node: dict[str, Any], chosen: Path | None) -> dict[str, Any] | None:
+    """Where a resume of ``chosen`` starts, as the main process's machine sees it: the run and
+    update of the first state it tries (None for a new run, or when no state's manifest reads)."""
+    if chosen is None:
+        return None
+    names = node["states"] if chosen == node.get("folder") else [chosen.name]
+    return next((node["origins"][name] for name in names if node["origins"].get(name)), None)
+
+
 def _read_record(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text())
@@ -171,8 +283,9 @@ def _read_record(path: Path) -> dict[str, Any] | None:
 
 
 def _failures_in(folder: Path) -> list[dict[str, Any]]:
-    """The failure records in ``folder`` (each with the ``file`` it was read from)."""
-    records = [(path, _read_record(path)) for path in sorted(folder.glob(FAILURE_RECORD.format(rank="*")))]
+    """The failure records of the run saving into ``folder`` (each with the ``file`` it was read from)."""
+    paths = sorted(failures_folder(folder).glob(FAILURE_RECORD.format(rank="*")))
+    records = [(path, _read_record(path)) for path in paths]
     return [{**record, "file": str(path)} for path, record in records if record is not None]
 
 
@@ -204,11 +317,24 @@ def decide(folder: Path, nodes: list[dict[str, Any]]) -> Path | None:
 
 
 def _view(folder: Path, rank: int) -> dict[str, Any]:
-    """What this machine sees in ``folder``: the states a resume would try, in order, or the problem."""
+    """What this machine sees in ``folder``: the states a resume would try, in order, with the run
+    and update each starts from; the failure records; why another run's lock refuses this run
+    (None: free); or the problem met."""
+    view: dict[str, Any] = {"rank": rank, "folder": folder, "states": [], "origins": {}, "failures": []}
     try:
-        return {"rank": rank, "states": _states_in(folder), "failures": _failures_in(folder), "problem": None}
+        view["held"] = folder_lock.refusal(folder)
+        view["states"] = _states_in(folder)
+        view["origins"] = {name: _origin_of(folder / name) for name in view["states"]}
+        view["failures"] = _failures_in(folder)
+        view["problem"] = None
     except Exception as error:  # said on every process, by choose()
-        return {"rank": rank, "states": [], "failures": [], "problem": str(error)}
+        view.update(held=None, problem=str(error))
+    return view
+
+
+def _origin_of(state: Path) -> dict[str, Any] | None:
+    manifest = read_manifest(state)
+    return None if manifest is None else {"run_id": manifest.get("run_id"), "update": run_step(manifest)}
 
 
 def _states_in(folder: Path) -> list[str]:

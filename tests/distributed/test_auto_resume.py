@@ -6,7 +6,8 @@ uninterrupted one).
 Under ``torchrun --max-restarts 3``: an exception raised once in a callback is restarted past and the
 run ends bitwise equal to the uninterrupted one (the relaunch above meets it: one launch serves
 both cases); one raised at the same update on every attempt is recognised as the same failure, and
-the restarts run out without training up to it again.
+the restarts run out without training up to it again. After such a failure, the first launch of
+the fixed script (its bytes changed) trains to the end on both processes.
 
 The runs are ``workers/auto_resume.py`` (6 updates per epoch on 2 processes, 3 epochs, a state
 every 2 updates).
@@ -15,12 +16,14 @@ every 2 updates).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.helpers import free_port, subprocess_env
 from tests.launch import WORKERS_DIR, WorkerRun, launcher, start_workers
 
@@ -31,9 +34,9 @@ MAX_RESTARTS = 3
 
 
 def restarts() -> tuple[str, ...]:
-    """torchrun's options for restarts: the c10d rendezvous, with a store of the workers' own
-    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): a restarted gloo group formed on torchrun's shared
-    store reads the previous attempt's addresses and fails to form."""
+    """torchrun's options for restarts: the c10d rendezvous, on the store torchrun's agent shares
+    with the processes (no ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``): every attempt forms its group
+    in a namespace of its own there."""
     rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     return (*rendezvous, "--max-restarts", str(MAX_RESTARTS))
 
@@ -51,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerRun]:
     )  # fmt: skip
     done = {"plain": plain.wait(), "killed": killed.wait()}
     with pytest.MonkeyPatch.context() as env:  # the relaunch, under torchrun --max-restarts 3
-        env.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
         relaunched = start_workers(
             "auto_resume.py",
             root / "relaunched",
@@ -97,7 +100,11 @@ def with_restarts(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[st
     started = time.monotonic()
     done = subprocess.run(
         [*launcher(2), *restarts(), str(WORKERS_DIR / "auto_resume.py"), "--out", str(out), *args],
-        env={**subprocess_env(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        env={
+            name: value
+            for name, value in subprocess_env(out).items()
+            if name != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+        },
         cwd=out,
         capture_output=True,
         text=True,
@@ -153,17 +160,60 @@ def test_the_same_exception_on_every_attempt_ends_the_restarts_without_training_
         assert updates == [(0, u) for u in range(1, REPEATED_AT_UPDATE + 1)] + [(1, REPEATED_AT_UPDATE)]
         first = float(attempts[0][1])  # at least 15 updates of 0.5 s
         assert all(float(line[1]) < first / 2 for line in attempts[2:]), attempts
-    record = folder / "failure_rank0.json"
+    records = folder / ".failures"
     assert output.count('resume_from="auto": the same failure as before, 2 times at update 15') == 2, output
     assert (
-        output.count(
-            f"This launch ends here instead of training up to it again. Fix the cause, then delete {record}"
-        )
+        output.count(f"on process 0, 1, each time with the script {WORKERS_DIR / 'auto_resume.py'} (SHA-256 ")
         >= 2
-    )
+    ), output
+    assert output.count(f"(recorded in {records}: rank0.json, rank1.json)") >= 2, output
+    assert output.count(f"clear the records of every process first: rm -r {records} ") >= 2, output
     seconds = [float(line[1]) for line in logged(out, "attempts", 0)]
     print(  # the figures (pytest -s): the restarts ran out without training up to the failure again
         f"{MAX_RESTARTS + 1} attempts in {elapsed:.1f} s; seconds in train() per attempt (rank 0): "
         f"{', '.join(f'{value:.1f}' for value in seconds)}; updates trained per attempt: {REPEATED_AT_UPDATE}, 1, 0, 0 "
         f"(without the record: {REPEATED_AT_UPDATE}, 1, 1, 1, and as many restarts as torchrun allows)"
     )
+
+
+def launch_copy(script: Path, out: Path, *args: str) -> tuple[int, str]:
+    """The worker ``script`` (a copy of workers/auto_resume.py) on 2 forked processes: exit code, output."""
+    out.mkdir(parents=True)
+    launch = forked.start(
+        script, ["--out", str(out), *args], nproc=2, env=subprocess_env(out), cwd=out, log=out / "output.log"
+    )
+    try:
+        code = launch.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        launch.kill_and_wait()
+        raise
+    return code, launch.output()
+
+
+def test_after_a_repeated_failure_on_2_processes_one_launch_of_the_fixed_script_finishes_the_run(
+    tmp_path: Path, runs: dict[str, WorkerRun]
+) -> None:
+    """The failure of both processes, twice at the same update, then a launch held back on both,
+    naming both records and the one command that clears them; the script fixed (its bytes changed):
+    its first launch trains to the end."""
+    script, folder = tmp_path / "job" / "auto_resume.py", tmp_path / "states"
+    script.parent.mkdir()
+    for name in ("auto_resume.py", "common.py"):
+        shutil.copy(WORKERS_DIR / name, script.parent / name)
+    failing = ("--save-dir", str(folder), "--fail-at-update", "9")
+    outcomes = [launch_copy(script, tmp_path / f"attempt{n}", *failing) for n in range(3)]
+    assert [code for code, _ in outcomes] == [1, 1, 1], outcomes[-1][1]
+    held_back = outcomes[2][1]
+    records = folder / ".failures"
+    assert held_back.count("RepeatedFailureError") >= 2, held_back  # on both processes
+    assert f"on process 0, 1, each time with the script {script} (SHA-256 " in held_back
+    assert f"(recorded in {records}: rank0.json, rank1.json)" in held_back
+    assert f"clear the records of every process first: rm -r {records} " in held_back
+    assert sorted(p.name for p in records.iterdir()) == ["rank0.json", "rank1.json"]
+    script.write_text(script.read_text() + "# fixed\n")  # the fix: the script changed
+    code, output = launch_copy(script, tmp_path / "fixed", "--save-dir", str(folder))
+    assert code == 0, output
+    plain = runs["plain"].results[0]["weights"]
+    fixed = [json.loads((tmp_path / "fixed" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [result["weights"] for result in fixed] == [plain, plain]
+    assert not records.exists()  # each process cleared its record when its run finished

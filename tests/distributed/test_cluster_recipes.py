@@ -121,9 +121,12 @@ def test_slurm_script_saves_on_sigterm_to_the_batch_shell_requeues_and_the_relau
 
 def test_torchrun_restart_after_a_sigkill_resumes_from_the_newest_state(tmp_path: Path) -> None:
     """benchmarks/restart_time.py, one case: rank 1 SIGKILLs itself after update 6 under
-    ``torchrun --max-restarts 1``; the restarted group resumes from step_5 and finishes."""
+    ``torchrun --max-restarts 1``, as the page's one-machine command (no
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE: the store torchrun shares); the restarted group resumes from
+    step_5 and finishes."""
+    benchmark = [sys.executable, str(REPO_ROOT / "benchmarks" / "restart_time.py"), "--store", "shared"]
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "restart_time.py"), "--cases", "2", "--keep", str(tmp_path)],
+        [*benchmark, "--cases", "2", "--keep", str(tmp_path)],
         cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     output = result.stdout + result.stderr

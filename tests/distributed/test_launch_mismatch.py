@@ -36,7 +36,7 @@ from pytorch_accelerated._internal.launch_checks import (
     launch_to_check,
     rendezvous_timeout_s,
 )
-from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from tests.helpers import free_port, subprocess_env
 from tests.launch import WORKERS_DIR
 
 TIMEOUT_S = 120.0  # per process: far beyond every wait below
@@ -215,10 +215,7 @@ def test_a_correct_launch_by_hand_still_forms_one_group_that_works(processes: di
     for name in ("ok0", "ok1"):
         process = processes[name]
         finished = process.result.get("error_type", "missing") is None
-        clean = process.returncode == 0 or finished_but_aborted_at_teardown(
-            process.returncode, process.output, finished
-        )
-        assert clean and finished, process.describe()
+        assert process.returncode == 0 and finished, process.describe()
         assert process.result["num_processes"] == 2, process.describe()
         assert process.result["gathered"] == [0, 1], process.describe()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import finished_but_aborted_at_teardown, free_port, subprocess_env
+from tests.helpers import free_port, subprocess_env
 from tests.launch import WORKERS_DIR, launcher
 
 TIMEOUT_S = 120.0
@@ -73,9 +73,9 @@ def launch_both(root: Path, phase: str) -> list[dict[str, Any]]:
     results = []
     for rank, (launch, node_dir) in enumerate(zip(launches, dirs, strict=True)):
         path, output = node_dir / phase / f"rank{rank}.json", (node_dir / phase / "output.txt").read_text()
-        finished = path.exists()
-        ok = launch.returncode == 0 or finished_but_aborted_at_teardown(launch.returncode, output, finished)
-        assert ok and finished, f"node {rank} failed (exit code {launch.returncode}):\n{output}"
+        assert launch.returncode == 0 and path.exists(), (
+            f"node {rank} failed (exit code {launch.returncode}):\n{output}"
+        )
         result = json.loads(path.read_text())
         result.update(dir=node_dir / "checkpoints", output=output)
         results.append(result)

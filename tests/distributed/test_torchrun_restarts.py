@@ -11,9 +11,12 @@ with exit 0, with final weights bitwise equal to the uninterrupted run's, at mos
 kind of fault would start the agent and the first attempt again for each.)
 
 The faults are drawn from ``RESTARTS_SEED`` (a new seed per session unless set), printed in every
-failure message. torchrun runs with the c10d rendezvous and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
-as docs/checkpoints.md says (with a store shared with the agent, a restarted gloo group can read
-the failed attempt's addresses and fail to form).
+failure message. torchrun runs with the c10d rendezvous and without
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the processes form their group on the store torchrun's
+agent keeps across attempts, where the failed attempt's addresses stay (pytorch/pytorch#135712;
+before the Trainer formed its group in a namespace of its own per attempt, the first restart hung
+in the group's formation). A third job, with torchrun's default static rendezvous
+(``--master_addr``/``--master_port``, the same shared store), meets one SIGKILL.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ SAVE_EVERY_N_STEPS = 8  # as in workers/restarts.py
 TOTAL_UPDATES = 240  # 3 epochs x 80 updates
 CHECK_SIGNALS_EVERY_N_STEPS = 10  # SaveTrainingStateCallback's default: a SIGTERM stops within 10 updates
 SEED = int(os.environ.get("RESTARTS_SEED", random.randrange(1_000_000)))
+STATIC_KILL = {"attempt": 0, "rank": 1, "step": 7, "kind": "kill"}
 
 
 def plan() -> list[dict[str, Any]]:
@@ -64,10 +68,15 @@ def describe(name: str, run: WorkerRun, faults: list[dict[str, Any]]) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     root = tmp_path_factory.mktemp("torchrun_restarts")
     groups = {}
+    c10d = ("--rdzv-backend", "c10d", "--rdzv-endpoint")
+    jobs = (
+        ("uninterrupted", [], (*c10d, f"127.0.0.1:{free_port()}")),
+        ("faults", plan(), (*c10d, f"127.0.0.1:{free_port()}")),
+        ("static", [STATIC_KILL], ()),  # torchrun's default: --master_addr/--master_port
+    )
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        for name, faults in (("uninterrupted", []), ("faults", plan())):
-            rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+        env.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)  # the store shared with the agent
+        for name, faults, rendezvous in jobs:
             groups[name] = (
                 start_workers(
                     "restarts.py",
@@ -108,7 +117,7 @@ def redone_per_failure(run: WorkerRun) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("name", ["uninterrupted", "faults"])
+@pytest.mark.parametrize("name", ["uninterrupted", "faults", "static"])
 def test_job_ends_by_itself_with_exit_0_and_the_uninterrupted_weights_bitwise(runs: Runs, name: str) -> None:
     run, faults = runs[name]
     message = describe(name, run, faults)

@@ -8,19 +8,26 @@ tests/distributed/test_auto_resume.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import pytorch_accelerated
 from pytorch_accelerated.callbacks import SaveTrainingStateCallback, StopTrainingError, TrainerCallback
 from pytorch_accelerated.checkpoints.auto_resume import AutoResume, decide
 from pytorch_accelerated.checkpoints.directories import read_manifest
-from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME, FolderInUseError
 from tests import forked
 from tests.helpers import make_regression_data, make_trainer, subprocess_env, weights
 from tests.launch import WORKERS_DIR
@@ -257,10 +264,22 @@ class CountUpdates(TrainerCallback):
         self.updates += 1
 
 
+@pytest.fixture
+def entry_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A script file standing for the entry script of the runs in this process (``__main__``)."""
+    script = tmp_path / "train.py"
+    script.write_text("# the training script\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return script
+
+
 def test_the_same_failure_again_is_noted_and_the_next_auto_launch_ends_before_training(
-    tmp_path: Path,
+    tmp_path: Path, entry_script: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder, record = tmp_path / "checkpoints", tmp_path / "checkpoints" / "failure_rank0.json"
+    folder = tmp_path / "checkpoints"
+    records, record = folder / ".failures", folder / ".failures" / "rank0.json"
     with pytest.raises(RuntimeError) as first:
         run(folder, 3, FailAt(7))
     assert not any("same failure" in note for note in getattr(first.value, "__notes__", []))
@@ -270,10 +289,12 @@ def test_the_same_failure_again_is_noted_and_the_next_auto_launch_ends_before_tr
     run_id = read_manifest(folder / "step_6")["run_id"]  # type: ignore[index]
     assert (
         f'resume_from="auto": the same failure as before, 2 times at update 7, this time after resuming from '
-        f'update 6 of run {run_id} (recorded in {record}): the next launch with resume_from="auto" that '
-        f"would start there again ends before training." in second.value.__notes__
+        f"update 6 of run {run_id}, with the same script and code (recorded in {records}): the next launch of "
+        f'this code with resume_from="auto" that would start there again ends before training.'
+        in second.value.__notes__
     )
     recorded = json.loads(record.read_text())
+    digest = hashlib.sha256(entry_script.read_bytes()).hexdigest()
     assert {key: value for key, value in recorded.items() if key != "when"} == {
         "exception": "RuntimeError",
         "message": "injected failure at update 7",
@@ -282,25 +303,87 @@ def test_the_same_failure_again_is_noted_and_the_next_auto_launch_ends_before_tr
         "epoch": 2,
         "batch": 3,
         "resumed_from": {"run_id": run_id, "update": 6},
+        "rank": 0,
+        "script": str(entry_script),
+        "script_sha256": digest,
+        "version": pytorch_accelerated.__version__,
         "count": 2,
         "repeated": True,
     }
     counter = CountUpdates()
+    capsys.readouterr()
     with pytest.raises(RuntimeError) as third:
         run(folder, 3, FailAt(7), counter)
     assert type(third.value).__name__ == "RepeatedFailureError" and counter.updates == 0
     assert str(third.value) == (
         f"resume_from=\"auto\": the same failure as before. RuntimeError: 'injected failure at update 7' at "
         f"update 7 (epoch 2, batch 3), raised at {recorded['raised_at']}, 2 times, the last after resuming "
-        f"from update 6 of run {run_id} (recorded in {record}). This launch ends here instead of training up "
-        f"to it again. Fix the cause, then delete {record} and launch again (a newer state in {folder} clears "
-        f"it too); or pass resume_from an earlier state of {folder} to try from there."
+        f"from update 6 of run {run_id}, on process 0, each time with the script {entry_script} (SHA-256 "
+        f"{digest[:12]}...) with pytorch-accelerated {pytorch_accelerated.__version__} (recorded in {records}: "
+        f"rank0.json). This launch ends here instead of training up to it again. Once the cause is fixed in "
+        f"the script, launch again: a changed script is not held back. If the fix is elsewhere (a module it "
+        f"imports, the data, the environment), clear the records of every process first: rm -r {records} (a "
+        f"newer state in {folder} clears them too); or pass resume_from an earlier state of {folder} to try "
+        f"from there."
     )
-    record.unlink()  # the cause fixed: the same command finishes the run
+    assert "resum" not in capsys.readouterr().out  # refused before the line of a resume
+    shutil.rmtree(records)  # the cause fixed elsewhere: the same command finishes the run
     trainer = run(folder)
     expected = uninterrupted()
     assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
-    assert not record.exists()
+    assert not records.exists()
+
+
+def test_a_changed_script_is_not_held_back_by_the_failures_of_the_old_one(
+    tmp_path: Path, entry_script: Path
+) -> None:
+    folder = tmp_path / "checkpoints"
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            run(folder, 3, FailAt(7))
+    with pytest.raises(RuntimeError, match="the same failure as before"):
+        run(folder, 3, FailAt(7))  # the same script: held back
+    entry_script.write_text("# the training script, fixed\n")
+    trainer = run(folder)  # the fix: the first relaunch of the changed script trains to the end
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
+    assert not (folder / ".failures").exists()
+
+
+class FailAtRunStart(TrainerCallback):
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the tracker is unreachable")
+
+
+def test_a_run_refused_or_failing_before_training_records_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "checkpoints"
+    run(folder, 1)  # states to resume
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="the tracker is unreachable"):
+            run(folder, 3, FailAtRunStart())
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        start = int(Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        (folder / LOCK_NAME).write_text(
+            json.dumps(
+                {"host": socket.gethostname(), "pid": holder.pid, "process_start": start, "run_id": "other",
+                 "pid_namespace": os.readlink("/proc/self/ns/pid"), "since": "now", "token": "theirs"}
+            )
+        )  # fmt: skip
+        capsys.readouterr()
+        for _ in range(3):  # a concurrent second run, refused by the lock
+            with pytest.raises(FolderInUseError):
+                run(folder, 3, FailAt(7))
+        assert 'resume_from="auto"' not in capsys.readouterr().out  # no resume line before the refusal
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (folder / ".failures").exists()
+    trainer = run(folder)  # the holder gone, its relaunch takes the folder and resumes as usual
+    expected = uninterrupted()
+    assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
 
 
 def test_a_newer_state_clears_a_repeated_failure(tmp_path: Path) -> None:
@@ -316,7 +399,7 @@ def test_a_newer_state_clears_a_repeated_failure(tmp_path: Path) -> None:
     assert trainer.progress.global_step == 12
     expected = uninterrupted()
     assert all(torch.equal(value, expected[name]) for name, value in weights(trainer.get_model()).items())
-    assert not (folder / "failure_rank0.json").exists()
+    assert not (folder / ".failures").exists()
 
 
 def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
@@ -326,7 +409,7 @@ def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
                 raise StopTrainingError("enough")
 
     run(tmp_path / "checkpoints", 3, Stop())
-    assert not list((tmp_path / "checkpoints").glob("failure_*"))
+    assert not (tmp_path / "checkpoints" / ".failures").exists()
 
 
 def raised(message: str, own: bool = False) -> RuntimeError:
@@ -344,12 +427,12 @@ def test_a_lost_peer_never_counts_as_the_same_failure_but_a_failure_of_its_own_d
     for _ in range(2):  # what a process sees when its peer was SIGKILLed in a collective
         lost = raised("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
         relaunch.record_failure(lost, {"update": 5, "epoch": 1, "batch": 5})
-    record = json.loads((tmp_path / "failure_rank0.json").read_text())
+    record = json.loads((tmp_path / ".failures" / "rank0.json").read_text())
     assert (record["count"], record["repeated"]) == (1, False) and not hasattr(lost, "__notes__")
     for _ in range(2):
         own = raised("CUDA error: an illegal memory access was encountered", own=True)
         relaunch.record_failure(own, {"update": 5, "epoch": 1, "batch": 5})
-    record = json.loads((tmp_path / "failure_rank0.json").read_text())
+    record = json.loads((tmp_path / ".failures" / "rank0.json").read_text())
     assert (record["count"], record["repeated"], record["resumed_from"]) == (
         2,
         True,

@@ -1,7 +1,9 @@
 """One run per folder, on real processes: two runs started at once into one folder never mix their
 states; a folder whose holder was killed is resumable at once; a second ``train()`` call that keeps
 the run history never replaces the first call's states, and a folder resume after a SIGKILL in it
-ends bitwise equal to the uninterrupted script.
+ends bitwise equal to the uninterrupted script; a run that is process 1 of a pid namespace (a
+container), SIGKILLed and started again in a new namespace (``unshare --pid --fork --mount-proc``),
+takes its own lock over once its heartbeat has stood still, and ends bitwise equal.
 
 The runs are ``tests/integration/workers/one_run_worker.py`` (see there).
 """
@@ -10,8 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +26,11 @@ import pytest
 import torch
 
 from pytorch_accelerated.checkpoints.directories import read_manifest
-from pytorch_accelerated.checkpoints.folder_lock import LOCK_NAME
+from pytorch_accelerated.checkpoints.folder_lock import HEARTBEAT_TIMEOUT_S, LOCK_NAME
 from pytorch_accelerated.checkpoints.torch_files import safe_torch_load
 from tests import forked
 from tests.helpers import subprocess_env
+from tests.launch import WORKERS_DIR
 
 WORKER = Path(__file__).parent / "workers" / "one_run_worker.py"
 TRIALS = 20
@@ -154,3 +162,86 @@ def test_killed_in_the_second_call_the_folder_resumes_at_once_to_the_uninterrupt
     for name, tensor in expected["weights"].items():
         assert torch.equal(result["weights"][name], tensor), name
     assert not (states / LOCK_NAME).exists()
+
+
+# ----------------------------------------------------------------- a container restarted
+
+
+UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
+
+
+def in_new_pid_namespace(out: Path, *args: str) -> subprocess.Popen[str]:
+    """workers/auto_resume.py as process 1 of a new pid namespace of this host: a pod's container."""
+    out.mkdir(parents=True)
+    script = WORKERS_DIR / "auto_resume.py"
+    return subprocess.Popen(
+        [*UNSHARE, sys.executable, str(script), "--out", str(out), *args],
+        cwd=out,
+        env=subprocess_env(out),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def namespace_init(unshare: subprocess.Popen[str]) -> int:
+    """The host's process id of the namespace's process 1 (unshare's child)."""
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
+    deadline = time.monotonic() + 30
+    while not children.read_text().split():
+        assert time.monotonic() < deadline, "unshare started no process"
+        time.sleep(0.05)
+    return int(children.read_text().split()[0])
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root (as in CI)"
+)
+def test_a_container_restarted_in_a_new_pid_namespace_takes_over_its_own_lock_within_the_heartbeat_timeout(
+    tmp_path: Path,
+) -> None:
+    """The pod's ``restartPolicy: OnFailure``: the run is process 1 of its pid namespace, SIGKILLed
+    (by its container runtime, from outside), and started again in a new namespace on the same host,
+    where it is process 1 again; its lock names process 1 of the old namespace."""
+    folder = tmp_path / "states"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    done = forked.run(
+        WORKERS_DIR / "auto_resume.py", ["--out", str(plain), "--save-dir", str(tmp_path / "plain_states")],
+        env=subprocess_env(plain), cwd=plain, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    first = in_new_pid_namespace(tmp_path / "first", "--save-dir", str(folder), "--update-sleep", "0.3")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (folder / "step_4" / "manifest.json").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.1)
+    os.kill(namespace_init(first), signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert first.wait(timeout=30) != 0
+    assert json.loads((folder / LOCK_NAME).read_text())["pid"] == 1  # left behind by process 1
+    second = in_new_pid_namespace(tmp_path / "second", "--save-dir", str(folder))
+    output = second.communicate(timeout=TIMEOUT_S)[0]
+    relaunched_in = time.monotonic() - killed_at
+    assert second.returncode == 0, output
+    assert (
+        f"Took over the lock of {folder} from run {read_manifest(folder / 'final')['run_id']}, process 1 on host "
+        f"{socket.gethostname()}, since "
+    ) in output, output
+    # The new namespace is another one (its process 1 is judged by the lock's heartbeat), or the
+    # kernel gave it the number of the dead one (then process 1 is judged by its start time).
+    judged = re.search(
+        r": (it ran in another pid namespace of this host, and its heartbeat stood still for (\d+) s|"
+        r"process 1 on this host started after the lock was taken \(its id was reused\))\.\n",
+        output,
+    )
+    assert judged is not None, output
+    assert judged[2] in (None, f"{HEARTBEAT_TIMEOUT_S:g}"), output
+    assert f"the newest usable state in {folder} (epoch " in output
+    resumed = json.loads((tmp_path / "second" / "rank0.json").read_text())
+    assert resumed["weights"] == json.loads((plain / "rank0.json").read_text())["weights"]
+    assert not (folder / LOCK_NAME).exists()
+    print(
+        f"container restart: {judged[1]}; the relaunched run done {relaunched_in:.1f} s after the kill "
+        f"(load {os.getloadavg()})"
+    )
