@@ -195,8 +195,9 @@ def training_began(callback_handler: Any) -> bool:
 def code_identity() -> dict[str, Any]:
     """The code a run comes from: its entry script (``__main__``'s file, None in a notebook or an
     interactive session), the SHA-256 of that file's bytes, and this package's version."""
-    from .. import __version__
-
+    # The package is imported by the time a run asks (this module is one of its parts); importing it
+    # here would make the package and this module import each other.
+    version = sys.modules[__name__.split(".")[0]].__version__
     script = getattr(sys.modules.get("__main__"), "__file__", None)
     digest = None
     if script:
@@ -205,7 +206,7 @@ def code_identity() -> dict[str, Any]:
     return {
         "script": os.path.abspath(script) if script else None,
         "script_sha256": digest,
-        "version": __version__,
+        "version": version,
     }
 
 
