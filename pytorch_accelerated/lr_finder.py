@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -367,109 +367,79 @@ def _tensors_of(model: torch.nn.Module) -> dict[torch.Tensor, tuple[torch.Tensor
     }
 
 
-class RangeTestSettings(TypedDict, total=False):
-    """The keyword settings of :meth:`Trainer.find_learning_rate
-    <pytorch_accelerated.trainer.Trainer.find_learning_rate>`; see :func:`find_learning_rate`."""
+@dataclass(frozen=True)
+class RangeTestSettings:
+    """The settings of one range test, as :meth:`Trainer.find_learning_rate
+    <pytorch_accelerated.trainer.Trainer.find_learning_rate>` takes them (its docstring says what each
+    means), checked when made: a value out of range raises ``ValueError`` naming it, the value and
+    what is allowed."""
 
-    per_device_batch_size: int
-    start_lr: float
-    end_lr: float
-    num_steps: int
-    gradient_accumulation_steps: int
-    collate_fn: Callable[..., Any] | None
-    train_dataloader_kwargs: dict[str, Any] | None
-    divergence_factor: float | None
-    smoothing: float
-    gradient_clip_value: float | None
-    max_grad_norm: float | None
-    seed: int | None
+    per_device_batch_size: int = 8
+    start_lr: float = 1e-7
+    end_lr: float = 10.0
+    num_steps: int = 100
+    gradient_accumulation_steps: int = 1
+    collate_fn: Callable[..., Any] | None = None
+    train_dataloader_kwargs: dict[str, Any] | None = None
+    divergence_factor: float | None = DIVERGENCE_FACTOR
+    smoothing: float = SMOOTHING
+    gradient_clip_value: float | None = None
+    max_grad_norm: float | None = None
+    seed: int | None = 42
+
+    def __post_init__(self) -> None:
+        for name in ("start_lr", "end_lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"find_learning_rate: {name} must be a finite number > 0, got {value!r}.")
+        if not self.end_lr > self.start_lr:
+            raise ValueError(
+                f"find_learning_rate: end_lr must be greater than start_lr (the rate rises from one to the "
+                f"other), got start_lr={self.start_lr!r} and end_lr={self.end_lr!r}."
+            )
+        check_whole_number(
+            self.num_steps,
+            "num_steps",
+            minimum=2,
+            owner="find_learning_rate",
+            hint="It is the number of updates.",
+        )
+        factor, smoothing = self.divergence_factor, self.smoothing
+        if factor is not None and (
+            isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 < factor < math.inf
+        ):
+            raise ValueError(
+                f"find_learning_rate: divergence_factor must be a finite number > 1 (stop once the smoothed "
+                f"loss exceeds that many times its lowest value) or None (never stop early), got {factor!r}."
+            )
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(
+                f"find_learning_rate: smoothing must be a number from 0 (no smoothing) up to but not "
+                f"including 1, got {smoothing!r}."
+            )
+
+    def train_arguments(self) -> dict[str, Any]:
+        """The arguments of ``train()`` that the range test passes on as it was given them."""
+        return {
+            "per_device_batch_size": self.per_device_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "gradient_clip_value": self.gradient_clip_value,
+            "train_dataloader_kwargs": self.train_dataloader_kwargs,
+            "collate_fn": self.collate_fn,
+            "max_grad_norm": self.max_grad_norm,
+            "seed": self.seed,
+        }
 
 
-def find_learning_rate(
-    trainer: Trainer,
-    train_dataset: Any,
-    per_device_batch_size: int = 8,
-    start_lr: float = 1e-7,
-    end_lr: float = 10.0,
-    num_steps: int = 100,
-    gradient_accumulation_steps: int = 1,
-    collate_fn: Callable[..., Any] | None = None,
-    train_dataloader_kwargs: dict[str, Any] | None = None,
-    *,
-    divergence_factor: float | None = DIVERGENCE_FACTOR,
-    smoothing: float = SMOOTHING,
-    gradient_clip_value: float | None = None,
-    max_grad_norm: float | None = None,
-    seed: int | None = 42,
-) -> LRFinderResult:
-    """What ``trainer.find_learning_rate(train_dataset, **settings)`` does: a learning-rate range test.
-
-    Train ``num_steps`` updates with the learning rate of every param group rising exponentially
-    from ``start_lr`` to ``end_lr`` and record each update's loss; then put the model, optimizer,
-    scheduler, RNG streams and run history back as they were, so that a later ``train()`` is the
-    one it would have been without the test (see this module's docstring for how).
-
-    The test runs through the Trainer's own loop (its loaders, accumulation, batch-loss and step
-    methods, on every process: every process must call it). None of its callbacks is told of it
-    but those that place modules on the device (``MoveModulesToDeviceCallback``): no state is
-    saved, nothing is logged or drawn. The loss of each update is its mean over all processes;
-    the test stops once the smoothed loss exceeds ``divergence_factor`` times its lowest value
-    (checked every 10 updates; the result ends at the update where it first did). It prints one
-    line saying how it ended and what it suggests.
-
-    Args:
-        trainer: the Trainer whose model, optimizer and loop the test uses.
-        train_dataset: the data set to train on, as for ``train()``.
-        per_device_batch_size: samples per batch on each process (the global batch is this times
-            the number of processes times ``gradient_accumulation_steps``).
-        start_lr: the learning rate of the first update, > 0.
-        end_lr: the learning rate of the last update, > ``start_lr``.
-        num_steps: optimizer updates, >= 2 (the data set is passed over again as needed).
-        gradient_accumulation_steps: batches per update, as for ``train()``.
-        collate_fn: makes a batch from a list of samples, as for ``train()``.
-        train_dataloader_kwargs: ``DataLoader`` arguments, as for ``train()``.
-        divergence_factor: stop once the smoothed loss exceeds this many times its lowest value
-            so far (> 1), or None to run every update (a loss that is not finite always stops
-            it). The rule assumes a positive loss.
-        smoothing: the weight of the past in the loss's exponential moving average, from 0
-            (none) to below 1.
-        gradient_clip_value: clip gradients by value, as for ``train()``.
-        max_grad_norm: clip gradients by total norm, as for ``train()``.
-        seed: seeds the shuffle order and every RNG during the test (they are put back
-            afterwards); None leaves them as they are.
-
-    Returns:
-        The :class:`LRFinderResult`: ``learning_rates``, ``losses`` and ``smoothed_losses`` (one
-        entry per update), ``suggestion`` (:func:`suggest_learning_rate`), ``diverged``, ``plot(path)``.
-
-    Raises:
-        ValueError: an argument is out of range (the message names it, the value and what is
-            allowed), or the run uses DeepSpeed or FSDP, whose engines hold the state the test
-            must put back.
-
-    >>> from torch import nn
-    >>> from torch.utils.data import TensorDataset
-    >>> from pytorch_accelerated import Trainer
-    >>> x = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
-    >>> data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    >>> _ = torch.manual_seed(0)
-    >>> model = nn.Linear(3, 1)
-    >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    >>> result = trainer.find_learning_rate(data, per_device_batch_size=16, start_lr=1e-4, end_lr=10.0, num_steps=40)
-    Training stopped: the learning-rate range test ends at update 38 (lr 5.54): the loss diverged (...)
-    Learning-rate range test from 0.0001 to 10 over 40 updates: the loss diverged at update 38 (lr 5.54); suggestion 0.307
-    >>> len(result.losses), round(result.learning_rates[0], 6), result.suggestion < 2.0  # SGD diverges above 2 here
-    (38, 0.0001, True)
-    >>> group = trainer.optimizer.param_groups[0]
-    >>> group["lr"], trainer.progress.global_step  # as before the test
-    (0.1, 0)
-    """
-    settings = {name: value for name, value in locals().items() if name != "trainer"}
-    start_lr, end_lr, num_steps = _checked_range(settings)
-    divergence_factor, smoothing = _checked_stop_rule(settings)
+def find_learning_rate(trainer: Trainer, train_dataset: Any, settings: RangeTestSettings) -> LRFinderResult:
+    """What :meth:`Trainer.find_learning_rate <pytorch_accelerated.trainer.Trainer.find_learning_rate>`
+    does with its checked ``settings``: the range test through ``trainer``'s own ``train()``, observed by
+    a :class:`RangeTestRecorder`, everything it changes put back by a :class:`TrainerSnapshot`."""
     _refuse_unsupported(trainer.accelerator)
+    start_lr, end_lr, num_steps = float(settings.start_lr), float(settings.end_lr), settings.num_steps
     rate = functools.partial(exponential_rate, start_lr, end_lr, num_steps)
-    recorder = RangeTestRecorder(rate, divergence_factor, smoothing)
+    factor = None if settings.divergence_factor is None else float(settings.divergence_factor)
+    recorder = RangeTestRecorder(rate, factor, float(settings.smoothing))
     schedule = functools.partial(
         ExponentialRangeSchedule, start_lr=start_lr, end_lr=end_lr, num_steps=num_steps
     )
@@ -478,23 +448,11 @@ def find_learning_rate(
         train_dataset,
         max_num_train_steps=num_steps,
         create_scheduler_fn=schedule,
-        **{name: settings[name] for name in PASSED_ON},
+        **settings.train_arguments(),
     )
     result = recorder.result()
     trainer.print(_summary(result, start_lr, end_lr, num_steps))
     return result
-
-
-#: The arguments of ``train()`` that the range test passes on as it was given them.
-PASSED_ON = (
-    "per_device_batch_size",
-    "gradient_accumulation_steps",
-    "gradient_clip_value",
-    "train_dataloader_kwargs",
-    "collate_fn",
-    "max_grad_norm",
-    "seed",
-)
 
 
 def _summary(result: LRFinderResult, start_lr: float, end_lr: float, num_steps: int) -> str:
@@ -507,43 +465,6 @@ def _summary(result: LRFinderResult, start_lr: float, end_lr: float, num_steps: 
         f"Learning-rate range test from {start_lr:.3g} to {end_lr:.3g} over {num_steps} updates: {ended}; "
         f"suggestion {result.suggestion:.3g}"
     )
-
-
-def _checked_range(settings: dict[str, Any]) -> tuple[float, float, int]:
-    start_lr, end_lr = settings["start_lr"], settings["end_lr"]
-    for name, value in (("start_lr", start_lr), ("end_lr", end_lr)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ValueError(f"find_learning_rate: {name} must be a finite number > 0, got {value!r}.")
-    if not end_lr > start_lr:
-        raise ValueError(
-            f"find_learning_rate: end_lr must be greater than start_lr (the rate rises from one to the "
-            f"other), got start_lr={start_lr!r} and end_lr={end_lr!r}."
-        )
-    num_steps = check_whole_number(
-        settings["num_steps"],
-        "num_steps",
-        minimum=2,
-        owner="find_learning_rate",
-        hint="It is the number of updates.",
-    )
-    return float(start_lr), float(end_lr), num_steps
-
-
-def _checked_stop_rule(settings: dict[str, Any]) -> tuple[float | None, float]:
-    factor, smoothing = settings["divergence_factor"], settings["smoothing"]
-    if factor is not None and (
-        isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 < factor < math.inf
-    ):
-        raise ValueError(
-            f"find_learning_rate: divergence_factor must be a finite number > 1 (stop once the smoothed "
-            f"loss exceeds that many times its lowest value) or None (never stop early), got {factor!r}."
-        )
-    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-        raise ValueError(
-            f"find_learning_rate: smoothing must be a number from 0 (no smoothing) up to but not "
-            f"including 1, got {smoothing!r}."
-        )
-    return (None if factor is None else float(factor)), float(smoothing)
 
 
 def _refuse_unsupported(accelerator: Any) -> None:

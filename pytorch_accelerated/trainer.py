@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate import Accelerator, skip_first_batches
@@ -75,9 +75,6 @@ from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
 from .run_history import InMemoryRunHistory, LossTracker, RunHistory
 from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # (typing's own from Python 3.11)
 
 # fmt: off
 __all__ = [  # the last eight: 0.1.61 also exported them from this module
@@ -228,13 +225,98 @@ class Trainer:
             raise SystemExit(stop.exit_code)
 
     def find_learning_rate(
-        self, train_dataset: Any, **settings: Unpack[lr_finder.RangeTestSettings]
+        self,
+        train_dataset: Any,
+        per_device_batch_size: int = 8,
+        start_lr: float = 1e-7,
+        end_lr: float = 10.0,
+        num_steps: int = 100,
+        gradient_accumulation_steps: int = 1,
+        collate_fn: Callable[..., Any] | None = None,
+        train_dataloader_kwargs: dict[str, Any] | None = None,
+        *,
+        divergence_factor: float | None = lr_finder.DIVERGENCE_FACTOR,
+        smoothing: float = lr_finder.SMOOTHING,
+        gradient_clip_value: float | None = None,
+        max_grad_norm: float | None = None,
+        seed: int | None = 42,
     ) -> lr_finder.LRFinderResult:
-        """A learning-rate range test: ``num_steps`` updates with the learning rate rising exponentially
-        from ``start_lr`` to ``end_lr``, the loss of each recorded; the model, optimizer, scheduler, RNG
-        streams and run history are then put back as they were. Settings (keywords) and defaults:
-        :func:`pytorch_accelerated.lr_finder.find_learning_rate`; see docs/recipes/tuning.md."""
-        return lr_finder.find_learning_rate(self, train_dataset, **settings)
+        """A learning-rate range test: ``num_steps`` updates with the learning rate rising exponentially.
+
+        Train ``num_steps`` updates with the learning rate of every param group rising exponentially
+        from ``start_lr`` to ``end_lr`` and record each update's loss; then put the model, optimizer,
+        scheduler, RNG streams and run history back as they were, so that a later ``train()`` is the
+        one it would have been without the test (see :mod:`pytorch_accelerated.lr_finder` for how; docs/recipes/tuning.md).
+
+        The test runs through the Trainer's own loop (its loaders, accumulation, batch-loss and step
+        methods, on every process: every process must call it). None of its callbacks is told of it
+        but those that place modules on the device (``MoveModulesToDeviceCallback``): no state is
+        saved, nothing is logged or drawn. The loss of each update is its mean over all processes;
+        the test stops once the smoothed loss exceeds ``divergence_factor`` times its lowest value
+        (checked every 10 updates; the result ends at the update where it first did). It prints one
+        line saying how it ended and what it suggests.
+
+        Args:
+            train_dataset: the data set to train on, as for ``train()``.
+            per_device_batch_size: samples per batch on each process (the global batch is this times
+                the number of processes times ``gradient_accumulation_steps``).
+            start_lr: the learning rate of the first update, > 0.
+            end_lr: the learning rate of the last update, > ``start_lr``.
+            num_steps: optimizer updates, >= 2 (the data set is passed over again as needed).
+            gradient_accumulation_steps: batches per update, as for ``train()``.
+            collate_fn: makes a batch from a list of samples, as for ``train()``.
+            train_dataloader_kwargs: ``DataLoader`` arguments, as for ``train()``.
+            divergence_factor: stop once the smoothed loss exceeds this many times its lowest value
+                so far (> 1), or None to run every update (a loss that is not finite always stops
+                it). The rule assumes a positive loss.
+            smoothing: the weight of the past in the loss's exponential moving average, from 0
+                (none) to below 1.
+            gradient_clip_value: clip gradients by value, as for ``train()``.
+            max_grad_norm: clip gradients by total norm, as for ``train()``.
+            seed: seeds the shuffle order and every RNG during the test (they are put back
+                afterwards); None leaves them as they are.
+
+        Returns:
+            The :class:`LRFinderResult`: ``learning_rates``, ``losses`` and ``smoothed_losses`` (one
+            entry per update), ``suggestion`` (:func:`suggest_learning_rate`), ``diverged``, ``plot(path)``.
+
+        Raises:
+            ValueError: an argument is out of range (the message names it, the value and what is
+                allowed), or the run uses DeepSpeed or FSDP, whose engines hold the state the test
+                must put back.
+
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> from pytorch_accelerated import Trainer
+        >>> x = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
+        >>> data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(3, 1)
+        >>> trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+        >>> result = trainer.find_learning_rate(data, per_device_batch_size=16, start_lr=1e-4, end_lr=10.0, num_steps=40)
+        Training stopped: the learning-rate range test ends at update 38 (lr 5.54): the loss diverged (...)
+        Learning-rate range test from 0.0001 to 10 over 40 updates: the loss diverged at update 38 (lr 5.54); suggestion 0.307
+        >>> len(result.losses), round(result.learning_rates[0], 6), result.suggestion < 2.0  # SGD diverges above 2 here
+        (38, 0.0001, True)
+        >>> group = trainer.optimizer.param_groups[0]
+        >>> group["lr"], trainer.progress.global_step  # as before the test
+        (0.1, 0)
+        """
+        settings = lr_finder.RangeTestSettings(
+            per_device_batch_size,
+            start_lr,
+            end_lr,
+            num_steps,
+            gradient_accumulation_steps,
+            collate_fn,
+            train_dataloader_kwargs,
+            divergence_factor,
+            smoothing,
+            gradient_clip_value,
+            max_grad_norm,
+            seed,
+        )
+        return lr_finder.find_learning_rate(self, train_dataset, settings)
 
     def evaluate(
         self,
