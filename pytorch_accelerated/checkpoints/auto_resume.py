@@ -33,7 +33,7 @@ from .._internal.errors import add_note
 from .._internal.hangs import is_collective_failure
 from . import folder_lock
 from .directories import read_manifest
-from .discovery import candidate_states, run_step
+from .discovery import candidate_states, lost_manifest, run_step
 from .original_states import is_original_state
 from .resume import ResumePlan
 
@@ -343,9 +343,10 @@ def _states_in(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     try:
-        candidates, _ = candidate_states(folder)  # warns when the folder holds other runs' states
+        candidates, _ = candidate_states(folder)  # warns of other runs' states, and of lost manifests
     except ValueError:
-        if any(is_original_state(child) for child in folder.iterdir() if child.is_dir()):
-            raise  # states of 0.1.x: they are resumed only when named
+        children = [child for child in folder.iterdir() if child.is_dir() and not child.name.startswith(".")]
+        if any(is_original_state(child) or lost_manifest(child) for child in children):
+            raise  # states of 0.1.x (resumed only when named), or states it cannot read: never written over
         return []  # nothing that is a training state
     return [child.name if child != folder else "." for child in candidates]

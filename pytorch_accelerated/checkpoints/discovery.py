@@ -33,7 +33,7 @@ def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[P
     only candidate, and True says so (a caller must not fall back from it); a folder gives its
     states whose manifest is damaged (which cannot be ordered), then the complete states of the run
     that wrote its newest one, newest (highest update step of the run, then latest written) first,
-    and False. ``warn``: warn when the folder holds the states of several runs (see
+    and False; a state that lost its manifest is never tried (a warning names it). ``warn``: warn when the folder holds the states of several runs (see
     :func:`_newest_run`).
 
     Raises:
@@ -59,22 +59,73 @@ def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[P
         raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
     if read_manifest(path) is not None or is_original_state(path) or manifest_problem(path):
         return [path], True  # a damaged manifest: its layout's read says so
-    if (path / MANIFEST).exists() or (path / "model.pt").exists():
+    _refuse_incomplete_state(path)
+    return _states_of_folder(path, warn), False
+
+
+def _refuse_incomplete_state(path: Path) -> None:
+    """Raise a ValueError saying why the directory ``path`` holds the files of a training state (or a
+    manifest) but is no complete one; nothing when it is a folder (of states, or of nothing)."""
+    if lost_manifest(path):
         raise ValueError(
-            f"resume_from={str(path)!r} is an incomplete training state (its manifest is missing or "
-            f"does not say complete): the save that wrote it was interrupted. Resume from an earlier "
-            f"state, or from the parent folder to pick the newest complete one."
+            f"resume_from={str(path)!r} holds the files of a training state but has lost its {MANIFEST} "
+            f"(deleted, or the state copied without it: a save publishes a state only with its manifest), so "
+            f"its files cannot be checked. Put its {MANIFEST} back first, or resume from another state, or "
+            f"from the parent folder to pick its newest complete one."
         )
-    candidates = _manifests_in(path)
+    if (path / MANIFEST).exists():
+        raise ValueError(
+            f"resume_from={str(path)!r} is not a complete training state: its {MANIFEST} does not say "
+            f"complete (it was not written by this library). Resume from another state, or from the parent "
+            f"folder to pick its newest complete one."
+        )
+
+
+def _states_of_folder(folder: Path, warn: bool) -> list[Path]:
+    """The states of ``folder`` to try (see :func:`candidate_states`); a warning names those that lost
+    their manifest, which are never tried.
+
+    Raises:
+        ValueError: naming what was found, when the folder holds no state to try.
+    """
+    candidates = _manifests_in(folder)
     complete = [(manifest, _written(child), child) for manifest, child in candidates if manifest]
     damaged = sorted(child for manifest, child in candidates if manifest is None and manifest_problem(child))
+    lost = sorted(child.name for manifest, child in candidates if manifest is None and lost_manifest(child))
     if not complete and not damaged:
-        raise _no_complete_state(path)
-    return damaged + (_newest_run(path, complete, warn) if complete else []), False
+        raise _no_complete_state(folder, lost)
+    if lost:
+        these = "these states are" if len(lost) > 1 else "this state is"
+        warnings.warn(
+            f"{folder}: {MANIFEST} is missing from {', '.join(lost)} (deleted, or the state copied without it: "
+            f"a save publishes a state only with its manifest), so {these} never resumed from (its files "
+            f"cannot be checked); a save of the same name replaces such a state. To resume from one, put its "
+            f"{MANIFEST} back first.",
+            stacklevel=4,
+        )
+    return damaged + (_newest_run(folder, complete, warn) if complete else [])
 
 
-def _no_complete_state(folder: Path) -> ValueError:
-    """The error for a folder without any training state to resume (0.1.x's are resumed only when named)."""
+def lost_manifest(directory: Path) -> bool:
+    """Whether ``directory`` holds the files of a training state of this library without its manifest
+    (deleted, or the state copied without it: a save publishes a state only once its manifest is written)."""
+    return not (directory / MANIFEST).exists() and (
+        any((directory / name).exists() for name in ("trainer_state.pt", "model.pt"))
+        or any(directory.glob("rng_state_*.pt"))
+    )
+
+
+def _no_complete_state(folder: Path, lost: list[str]) -> ValueError:
+    """The error for a folder without any training state to resume (0.1.x's are resumed only when named;
+    ``lost``: the states that lost their manifest)."""
+    if lost:
+        return ValueError(
+            f"{folder} holds no training state that can be read: {', '.join(lost)} hold the files of a training "
+            f"state but have lost their {MANIFEST} (deleted, or copied without it), so their files cannot be "
+            f"checked. Put their {MANIFEST} back (from a backup, say) to resume from them, or move them out of "
+            f'{folder} to start a new run there: resume_from="auto" never starts a new run over states it '
+            f"cannot read."
+        )
     found = sorted(child.name for child in folder.iterdir())
     original = sorted(child.name for child in folder.iterdir() if (child / "trainer_metadata.pt").is_file())
     return ValueError(

@@ -78,6 +78,72 @@ def require_keys(value: Any, keys: tuple[str, ...], source: Path | str, part: st
         )
 
 
+#: The position a state records (``trainer_state.pt``'s ``progress``, repeated in the manifest).
+POSITION_KEYS = ("epoch", "global_step", "batch_index", "epoch_step")
+#: The batch settings a manifest records: 1 or more (None: saved outside a training run).
+SETTING_KEYS = ("num_processes", "per_device_batch_size", "gradient_accumulation_steps")
+
+
+def check_saved_settings(directory: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest whose batch settings no run has (0 processes, say), before they divide anything.
+
+    Raises:
+        UnusableStateError: naming the file, the setting and its value.
+    """
+    for key in SETTING_KEYS:
+        value = manifest.get(key)
+        if value is not None and not _whole(value, at_least=1):
+            raise _cannot_be_right(
+                directory / directories.MANIFEST, key, value, "a setting of the run, 1 or more"
+            )
+
+
+def check_position(directory: Path, manifest: dict[str, Any], state: dict[str, Any]) -> None:
+    """Refuse a position that no run reaches: a negative or fractional count, a manifest and a
+    ``trainer_state.pt`` (``state``) that disagree, more updates in the epoch than in the run, or a
+    batch beyond the epoch; before anything is loaded.
+
+    Raises:
+        UnusableStateError: naming the file, the value and why it cannot be right.
+    """
+    where, progress = directory / "trainer_state.pt", state["progress"]
+    for key in (key for key in POSITION_KEYS if key in progress):
+        if not _whole(progress[key], at_least=0):
+            raise _cannot_be_right(where, key, progress[key], "positions count from 0")
+        if key in manifest and manifest[key] != progress[key]:
+            why = (
+                f"its {directories.MANIFEST} records {key}={manifest[key]!r}, and the two were saved together"
+            )
+            raise _cannot_be_right(where, key, progress[key], why)
+    if progress.get("epoch_step", 0) > progress["global_step"]:
+        why = f"it is more than global_step={progress['global_step']}"
+        raise _cannot_be_right(where, "epoch_step", progress["epoch_step"], why)
+    batches = manifest.get("num_batches_per_epoch")
+    if _whole(batches, at_least=0) and progress["batch_index"] > batches:
+        why = f"its {directories.MANIFEST} records {batches} batches per epoch"
+        raise _cannot_be_right(where, "batch_index", progress["batch_index"], why)
+    before = state.get("steps_before", 0)
+    if not _whole(before, at_least=0):
+        raise _cannot_be_right(where, "steps_before", before, "updates of earlier train() calls count from 0")
+    if "run_step" in manifest and manifest["run_step"] != before + progress["global_step"]:
+        why = (
+            f"its trainer_state.pt records {before} updates of earlier train() calls and "
+            f"global_step={progress['global_step']}"
+        )
+        raise _cannot_be_right(directory / directories.MANIFEST, "run_step", manifest["run_step"], why)
+
+
+def _whole(value: Any, at_least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= at_least
+
+
+def _cannot_be_right(where: Path, key: str, value: Any, why: str) -> UnusableStateError:
+    return UnusableStateError(
+        f"{where} records {key}={value!r}, which cannot be right: {why}. The state was changed after it was "
+        f"saved, or was not written by this library. {directories.DAMAGED_STATE_FIX}"
+    )
+
+
 COMPILE_PREFIX = "_orig_mod."
 
 

@@ -186,6 +186,7 @@ class PlainLayout(StateLayout):
             raise file_checks.UnusableStateError(
                 f"{directory} holds NaN or infinite weights (so its manifest records)."
             )
+        file_checks.check_saved_settings(directory, manifest)
         model_state = self.read_weights(directory, manifest, objects)
         listed, targets = set(manifest.get("files", ())), objects.stateful()
         saved = {
@@ -206,6 +207,7 @@ class PlainLayout(StateLayout):
             state["progress"], ("epoch", "global_step", "batch_index"), where, "progress"
         )
         file_checks.require_keys(state["run_history"], ("current_epoch",), where, "run_history")
+        file_checks.check_position(directory, manifest, state)
         trainable.read_record(state, where)
         process_state = file_checks.read_process_state(
             directory, manifest, objects.accelerator.process_index, objects.accelerator.num_processes

@@ -502,14 +502,20 @@ def test_resume_from_an_empty_directory_fails_before_training(tmp_path: Path) ->
     assert_nothing_trained(trainer, log, before)
 
 
-def test_resume_from_a_state_without_manifest_says_it_is_incomplete_before_training(
+def test_resume_from_a_state_without_manifest_says_it_lost_it_before_training(
     tmp_path: Path, reference: dict[int, dict[str, Any]]
 ) -> None:
     incomplete = shutil.copytree(state(reference[0]["states"], 8), tmp_path / "step_8")
     (incomplete / "manifest.json").unlink()
     trainer, log, before = make_recording_trainer()
-    with pytest.raises(ValueError, match="is an incomplete training state .* interrupted"):
+    with pytest.raises(ValueError) as raised:
         rw.train(trainer, resume_from=incomplete)
+    assert str(raised.value) == (
+        f"resume_from={str(incomplete)!r} holds the files of a training state but has lost its manifest.json "
+        f"(deleted, or the state copied without it: a save publishes a state only with its manifest), so its "
+        f"files cannot be checked. Put its manifest.json back first, or resume from another state, or from the "
+        f"parent folder to pick its newest complete one."
+    )
     assert_nothing_trained(trainer, log, before)
 
 
