@@ -3,7 +3,10 @@
 Convention: a fenced ```python block is *illustrative* (shown, not run) when the line just
 before its opening fence is the HTML comment ``<!-- illustrative -->`` (invisible in the built
 site). Every other ```python block is runnable. Blocks of other languages (bash, yaml, text)
-are never run.
+are never run. A page whose blocks need packages of an extra declares them on a line of its own,
+``<!-- needs: tensorboard -->`` (invisible in the built site): where one of them does not import (the
+release check's lower-bounds environment has no trackers extra), the page is skipped, naming it; with
+the dev extras installed it always runs.
 
 The runnable blocks of one page run in order, as one script, in a fresh process and namespace
 (forked from the suite's one interpreter that has imported torch: :mod:`tests.forked`) in a
@@ -27,6 +30,7 @@ from tests import forked
 from tests.helpers import REPO_ROOT, subprocess_env
 
 ILLUSTRATIVE = "<!-- illustrative -->"
+NEEDS = re.compile(r"^<!-- needs: (?P<modules>[\w., ]+) -->$", re.MULTILINE)
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 
 
@@ -65,9 +69,18 @@ def page_script(page: Path) -> str | None:
     return "\n".join(parts) if parts else None
 
 
+def needed_modules(text: str) -> list[str]:
+    """The modules a page declares with ``<!-- needs: a, b -->`` lines."""
+    return [name.strip() for match in NEEDS.finditer(text) for name in match["modules"].split(",")]
+
+
 def test_the_block_parser_honours_the_convention() -> None:
     text = "a\n\n```python\nx = 1\n```\n\n<!-- illustrative -->\n```python\ny = 2\n```\n```bash\nls\n```\n"
     assert python_blocks(text) == [(3, "x = 1", True), (8, "y = 2", False)]
+    assert needed_modules("text\n<!-- needs: tensorboard, mlflow -->\n```python\n") == [
+        "tensorboard",
+        "mlflow",
+    ]
 
 
 PAGES = [page for page in doc_pages() if page_script(page) is not None]
@@ -77,6 +90,8 @@ PAGES = [page for page in doc_pages() if page_script(page) is not None]
 def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
     script = page_script(page)
     assert script is not None
+    for module in needed_modules(page.read_text()):
+        pytest.importorskip(module, reason=f"{page.name} declares that it needs {module!r}")
     env = subprocess_env(tmp_path)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"})
     result = forked.run_code(script, cwd=tmp_path, env=env, timeout=120)
