@@ -9,6 +9,7 @@ read back with Optuna from their databases.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -116,21 +117,36 @@ pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalW
 
 
 def test_two_workers_share_one_postgresql_study_and_run_each_trial_once(tmp_path: Path) -> None:
+    """worker-a starts trial 0 and is then stopped (SIGSTOP: a slow or descheduled worker) while
+    worker-b runs: worker-b must leave trial 0 alone and run the others, and worker-a, let go on once
+    worker-b is done, finish trial 0 and start no more. Started together instead, whichever worker
+    imports torch first could take every trial before the other asks (CI saw it), which proves
+    nothing about sharing."""
     from tests.postgres import postgres_server
 
+    def launch(name: str) -> forked.ForkedLaunch:
+        return forked.start(
+            EXAMPLE,
+            arguments(tmp_path / name, storage, "--trials", "4", "--epochs", "2", "--worker-id", name),
+            env=subprocess_env(tmp_path),
+            cwd=tmp_path,
+            log=tmp_path / f"{name}.log",
+        )
+
     with postgres_server() as storage:
-        launches = [
-            forked.start(
-                EXAMPLE,
-                arguments(tmp_path / name, storage, "--trials", "4", "--epochs", "2", "--worker-id", name),
-                env=subprocess_env(tmp_path),
-                cwd=tmp_path,
-                log=tmp_path / f"{name}.log",
-            )
-            for name in ("worker-a", "worker-b")
-        ]
-        codes = [launch.wait(TIMEOUT_S) for launch in launches]
-        outputs = [launch.output() for launch in launches]
+        worker_a = launch("worker-a")
+        deadline = time.monotonic() + TIMEOUT_S
+        while not started(worker_a.output()) and worker_a.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started(worker_a.output()), worker_a.output()
+        worker_a.send_signal(signal.SIGSTOP)
+        try:
+            worker_b = launch("worker-b")
+            code_b = worker_b.wait(TIMEOUT_S)
+        finally:
+            worker_a.send_signal(signal.SIGCONT)
+        codes = [worker_a.wait(TIMEOUT_S), code_b]
+        outputs = [worker_a.output(), worker_b.output()]
         assert codes == [0, 0], outputs
         study = optuna.load_study(study_name="digits-search", storage=storage)
         trials = study.trials
@@ -139,6 +155,7 @@ def test_two_workers_share_one_postgresql_study_and_run_each_trial_once(tmp_path
     assert [t for t in trials if t not in finished and not t.user_attrs.get("surplus")] == []
     runs = started(outputs[0]) + started(outputs[1])
     assert sorted(runs) == list(range(4))  # every trial started once, by one worker
+    assert 0 in started(outputs[0]) and started(outputs[1]), outputs  # each worker ran a trial
     assert {t.user_attrs["worker"] for t in finished} == {"worker-a", "worker-b"}
     assert all(
         t.user_attrs["worker"] == ("worker-a" if t.number in started(outputs[0]) else "worker-b")
