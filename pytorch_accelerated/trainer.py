@@ -40,6 +40,7 @@ from ._internal.argument_checks import (
 )
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
 from ._internal.distributed import mean_over_processes, print_once_per_node
+from ._internal.errors import ends_run_on_purpose
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
@@ -724,13 +725,15 @@ class Trainer:
             self.print(f"Stopped during {name}: {error}")
 
     def _recording_failures(self, relaunch: AutoResume) -> None:
-        """``self._run_training()``, its failure (an exception, not a stop) recorded for the next
-        ``resume_from="auto"`` launch; a run that ends without one clears this process's record."""
+        """``self._run_training()``, its failure recorded for the next ``resume_from="auto"`` launch; a
+        run that ends without one clears this process's record, as does one ended on purpose (a stop,
+        a pruned Optuna trial: see :func:`~._internal.errors.ends_run_on_purpose`)."""
         try:
             self._run_training()
-        except StopTrainingError:
-            raise
         except Exception as error:
+            if ends_run_on_purpose(error):
+                relaunch.clear_failure()
+                raise
             progress = self.progress
             position = {"update": self.run_identity.run_step(progress), "epoch": progress.epoch + 1}
             began = training_began(self.callback_handler)  # a refusal before training records nothing

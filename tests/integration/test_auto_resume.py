@@ -405,6 +405,12 @@ def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
 
     run(tmp_path / "checkpoints", 3, Stop())
     assert not (tmp_path / "checkpoints" / ".failures").exists()
+    # A stop past a failure recorded before ends the run on purpose: it clears that record too.
+    with pytest.raises(RuntimeError):
+        run(tmp_path / "again", 3, FailAt(2))
+    assert (tmp_path / "again" / ".failures" / "rank0.json").is_file()
+    run(tmp_path / "again", 3, Stop())
+    assert not (tmp_path / "again" / ".failures").exists()
 
 
 def raised(message: str, own: bool = False) -> RuntimeError:
