@@ -36,9 +36,11 @@ from ._internal.argument_checks import (
     check_train_arguments,
     check_trainer_arguments,
     check_whole_number,
+    epochs_trained,
 )
 from ._internal.batch_loss import batch_size_of, loss_of, loss_without_grad_error, unpack_batch
 from ._internal.distributed import mean_over_processes, print_once_per_node
+from ._internal.errors import ends_run_on_purpose
 from ._internal.hangs import describe_position, explain_collective_failure
 from ._internal.launch_checks import check_every_process_joins
 from ._internal.preparation import Preparation
@@ -590,7 +592,7 @@ class Trainer:
         self.loop_state.window = WindowWeighting(self._accelerator, config.train_per_device_batch_size)
         if plan is not None:
             self._resume(plan)
-            check_something_left_to_train(self.progress, config, plan.asked, plan.auto)
+            self._check_something_left_to_train(plan)
         if relaunch is not None:
             origin = {"run_id": self.run_identity.run_id, "update": self.run_identity.run_step(self.progress)}
             relaunch.check_not_repeating(origin if plan is not None else None)
@@ -615,6 +617,19 @@ class Trainer:
             self._resumed = loaded
         else:
             self._start_at_returned_epoch(loaded)
+
+    def _check_something_left_to_train(self, plan: ResumePlan) -> None:
+        """End ``train()`` before it starts, saying so in one line, when the state resumed by ``plan``
+        already reached ``num_epochs`` or ``max_num_train_steps`` (the resume printed no line then)."""
+        state = self.resumed_from or plan.asked
+        named = (
+            f"{state} (the newest usable state in {plan.asked})" if state.parent == plan.asked else str(state)
+        )
+        trained = epochs_trained(
+            self.progress, self.loop_state.epoch_trained, batches_per_epoch(self.loaders.train)
+        )
+        auto = (self.run_identity.run_id, plan.asked) if plan.auto else None
+        check_something_left_to_train(self.progress, self._config(), named, trained, auto)
 
     def _start_at_returned_epoch(self, loaded: Any) -> None:
         """As in 0.1.61: an override of ``load_training_state`` that does not call ``super()`` and
@@ -710,13 +725,15 @@ class Trainer:
             self.print(f"Stopped during {name}: {error}")
 
     def _recording_failures(self, relaunch: AutoResume) -> None:
-        """``self._run_training()``, its failure (an exception, not a stop) recorded for the next
-        ``resume_from="auto"`` launch; a run that ends without one clears this process's record."""
+        """``self._run_training()``, its failure recorded for the next ``resume_from="auto"`` launch; a
+        run that ends without one clears this process's record, as does one ended on purpose (a stop,
+        a pruned Optuna trial: see :func:`~._internal.errors.ends_run_on_purpose`)."""
         try:
             self._run_training()
-        except StopTrainingError:
-            raise
         except Exception as error:
+            if ends_run_on_purpose(error):
+                relaunch.clear_failure()
+                raise
             progress = self.progress
             position = {"update": self.run_identity.run_step(progress), "epoch": progress.epoch + 1}
             began = training_began(self.callback_handler)  # a refusal before training records nothing

@@ -21,5 +21,6 @@
   namespace of its own per attempt, so that a restarted group forms;
 - :mod:`.hangs`: what a failed collective operation was doing, and the watchdog that ends a
   process a stop signal finds stuck;
-- :mod:`.errors`: ``StopTrainingError`` (public through :mod:`pytorch_accelerated.callbacks`).
+- :mod:`.errors`: ``StopTrainingError`` (public through :mod:`pytorch_accelerated.callbacks`), and
+  which exceptions end a run on purpose.
 """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -191,29 +190,56 @@ def check_epoch_has_batches(loader: Any, dataset: Any, name: str, num_processes:
     )
 
 
-def check_something_left_to_train(progress: Any, config: Any, resume_from: Any, auto: bool = False) -> None:
-    """After a resume: warn and stop (a :class:`StopTrainingError`, which ends ``train()``
-    before it starts) when the resumed state already reached ``num_epochs`` or
-    ``max_num_train_steps``, so that nothing would be trained (``auto``: the state was chosen by
-    ``resume_from="auto"``; the message says how to start a new run instead)."""
+def nothing_left_to_train(progress: Any, config: Any) -> bool:
+    """Whether a run at ``progress`` (a ``RunProgress``) has already reached the ``num_epochs`` or
+    ``max_num_train_steps`` of ``config``."""
     limit = config.train_steps_limit
-    if progress.epoch < config.num_epochs and (limit is None or progress.global_step < limit):
+    return progress.epoch >= config.num_epochs or (limit is not None and progress.global_step >= limit)
+
+
+def epochs_trained(progress: Any, epoch_trained: bool, batches_per_epoch: int | None) -> str:
+    """What a run at ``progress`` has trained, in words: its whole epochs (an epoch whose batches
+    are all trained counts, though its end has not come; ``epoch_trained``: its training part is
+    done), and the batches of the epoch it is in."""
+    batches, epoch = progress.batch_index, progress.epoch
+    whole = epoch + int(epoch_trained or (batches_per_epoch is not None and batches >= batches_per_epoch))
+    trained = f"{whole} epoch{'s' if whole != 1 else ''}"
+    if whole > epoch or batches == 0:
+        return trained
+    if batches_per_epoch is None:  # a stream: its length is not known
+        return f"{trained} and {batches} batch{'es' if batches != 1 else ''} of epoch {epoch + 1}"
+    return f"{trained} and {batches} of the {batches_per_epoch} batches of epoch {epoch + 1}"
+
+
+def check_something_left_to_train(
+    progress: Any, config: Any, state: str, trained: str, auto: tuple[str, Any] | None = None
+) -> None:
+    """After a resume: stop (a :class:`StopTrainingError`, which ends ``train()`` before it starts and
+    prints its message once) when the resumed ``state`` (as the message names it) already reached
+    ``num_epochs`` or ``max_num_train_steps``, so that nothing would be trained; ``trained``: what it
+    trained, in words (:func:`epochs_trained`); ``auto``: the run id and folder of states, when
+    ``resume_from="auto"`` chose it (the message says how to start a new run instead)."""
+    if not nothing_left_to_train(progress, config):
         return
-    count, unit, setting, value = (
-        (progress.global_step, "optimizer update", "max_num_train_steps", limit)
+    limit = config.train_steps_limit
+    done, setting, value = (
+        (
+            f"{progress.global_step} optimizer update{'s' if progress.global_step != 1 else ''}",
+            "max_num_train_steps",
+            limit,
+        )
         if limit is not None
-        else (progress.epoch, "epoch", "num_epochs", config.num_epochs)
+        else (trained, "num_epochs", config.num_epochs)
     )
     message = (
-        f"Nothing to train: the state resumed from {resume_from} already completed {count} {unit}"
-        f"{'s' if count != 1 else ''} ({setting}={value}). Pass a larger {setting} to continue."
+        f"Nothing to train: the state resumed from {state} already completed {done} ({setting}={value}). "
+        f"Pass a larger {setting} to continue."
     )
-    if auto:  # a relaunch of a finished run: it ends here, and the states stay as they are
+    if auto is not None:  # a relaunch of a finished run: it ends here, and the states stay as they are
         message += (
-            f' resume_from="auto" continues the run whose states are in {resume_from}; to start a new '
+            f' resume_from="auto" continues run {auto[0]}, whose states are in {auto[1]}; to start a new '
             f"run, save into another (or an empty) folder."
         )
-    warnings.warn(message, stacklevel=5)  # the caller of train()
     raise StopTrainingError(message)
 
 

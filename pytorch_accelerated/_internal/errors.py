@@ -1,11 +1,13 @@
-"""The exception that ends a run cleanly, defined below every layer that raises it, and
-:func:`add_note`.
+"""The exception that ends a run cleanly, defined below every layer that raises it,
+:func:`ends_run_on_purpose` and :func:`add_note`.
 
 It is public as :class:`pytorch_accelerated.callbacks.StopTrainingError`; it lives here so
 that the checkpoint layer, which may not import the callbacks, can raise stops of its own.
 """
 
 from __future__ import annotations
+
+import sys
 
 
 class StopTrainingError(Exception):
@@ -27,6 +29,14 @@ class StopTrainingError(Exception):
 
 
 StopTrainingError.__module__ = "pytorch_accelerated.callbacks"
+
+
+def ends_run_on_purpose(error: BaseException) -> bool:
+    """Whether ``error`` ends a run on purpose rather than failing it: a :class:`StopTrainingError`,
+    or Optuna's ``TrialPruned`` (its study pruned the trial; ``train()`` raises it for the objective).
+    Optuna is an extra: it is looked up only where it is imported, as it is wherever one was raised."""
+    pruned = getattr(sys.modules.get("optuna"), "TrialPruned", None)
+    return isinstance(error, StopTrainingError) or (pruned is not None and isinstance(error, pruned))
 
 
 def add_note(error: BaseException, note: str) -> None:

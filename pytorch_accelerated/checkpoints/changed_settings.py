@@ -209,7 +209,5 @@ def resume_line(
         return f"{resumed} (update {update}; training continues with epoch {epoch})"
     if state.get("epoch_trained"):
         return f"{resumed} (epoch {epoch}, update {update}; its training is done: its evaluation runs again)"
-    return (
-        f"{resumed} (epoch {epoch}, update {update}; skipping {progress.batch_index} "
-        f"batches already trained this epoch)"
-    )
+    skipped = f"{progress.batch_index} batch{'es' if progress.batch_index != 1 else ''}"
+    return f"{resumed} (epoch {epoch}, update {update}; skipping {skipped} already trained this epoch)"

@@ -56,11 +56,32 @@ def candidate_states(path: str | os.PathLike, warn: bool = True) -> tuple[list[P
         for hidden in (temporary_dir_for(path), path.parent / f".{path.name}.replaced"):
             if read_manifest(hidden) is not None:
                 return [hidden], True
-        raise FileNotFoundError(f"resume_from={str(path)!r}: no such directory.")
+        raise _no_such_directory(path)
     if read_manifest(path) is not None or is_original_state(path) or manifest_problem(path):
         return [path], True  # a damaged manifest: its layout's read says so
     _refuse_incomplete_state(path)
     return _states_of_folder(path, warn), False
+
+
+def _no_such_directory(path: Path) -> FileNotFoundError:
+    """The error for a ``resume_from`` that names nothing: where it was looked for, the states its
+    folder holds (a typo, a state rotated away), and how to start a new run or let ``"auto"`` choose."""
+    where = (
+        ""
+        if path.is_absolute()
+        else f" ({path.absolute()}; a relative path is read from the working directory, {os.getcwd()})"
+    )
+    names = [state.name for _, state in list_complete_states(path.parent)]
+    if len(names) > 6:
+        names = [*names[:2], "...", *names[-3:]]
+    held = f" {path.parent} holds the training states {', '.join(names)}." if names else ""
+    return FileNotFoundError(
+        f"resume_from={str(path)!r}: no such directory{where}.{held} Pass the path of a training state (a "
+        f"directory written by save_training_state or SaveTrainingStateCallback) or of a folder of them. To "
+        f"start a new run, pass resume_from=None; to resume from the newest state in the folder your "
+        f"SaveTrainingStateCallback saves into, or start a new run when it holds none (one script for the "
+        f'first launch and every relaunch), pass resume_from="auto".'
+    )
 
 
 def _refuse_incomplete_state(path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from accelerate.utils import gather_object
 
+from .._internal.argument_checks import nothing_left_to_train
 from .._internal.distributed import per_process, print_once_per_node, ranks_where
 from .._internal.hangs import signal_grace_s
 from .._internal.process_group import collective_timeout_s
@@ -391,7 +392,11 @@ class TrainingStateStore:
         callbacks' and RNGs' states are returned, to restore once the run's start events have fired
         (:meth:`.Resumed.restore_after_start`)."""
         resumed = self._load(objects, plan, resuming=True)
-        if objects.accelerator.is_main_process:
+        # A finished run's state says "Nothing to train" instead (Trainer._check_something_left_to_train).
+        finished = objects.run_config is not None and nothing_left_to_train(
+            objects.progress, objects.run_config
+        )
+        if objects.accelerator.is_main_process and not finished:
             line = changed_settings.resume_line(
                 objects, resumed.directory, plan.asked, resumed.state, plan.auto
             )

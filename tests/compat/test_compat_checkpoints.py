@@ -292,8 +292,11 @@ def test_resume_from_an_original_final_directory_has_nothing_left_to_train(
         warnings.simplefilter("always")
         trainer.train(DATA, num_epochs=3, per_device_batch_size=4, resume_from=tmp_path / "final")
     messages = " | ".join(str(w.message) for w in caught)
-    assert "start of epoch 4, after 12 updates" in messages and "Nothing to train: " in messages
-    assert "Nothing to train: the state resumed from" in capsys.readouterr().out
+    assert "start of epoch 4, after 12 updates" in messages and "Nothing to train" not in messages
+    assert capsys.readouterr().out == (
+        f"Training stopped before it started: Nothing to train: the state resumed from {tmp_path / 'final'} "
+        f"already completed 3 epochs (num_epochs=3). Pass a larger num_epochs to continue.\n"
+    )
     assert trainer.progress.global_step == 12
 
 
@@ -377,12 +380,17 @@ def test_an_override_is_given_a_path_it_can_open_as_the_one_asked(tmp_path: Path
     assert trainer.epochs_started == [3, 4]
 
 
-def test_an_override_returning_a_current_epoch_past_num_epochs_trains_nothing(tmp_path: Path) -> None:
+def test_an_override_returning_a_current_epoch_past_num_epochs_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = trained(num_epochs=1, scheduler=False)
     (tmp_path / "mine").mkdir()
     torch.save(source.get_model().state_dict(), tmp_path / "mine" / "weights.pt")
     model = make_linear_model(seed=1)
     trainer = RestoresItself(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    with pytest.warns(UserWarning, match="Nothing to train"):
-        trainer.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from=tmp_path / "mine")
+    trainer.train(DATA, num_epochs=2, per_device_batch_size=4, resume_from=tmp_path / "mine")
+    assert capsys.readouterr().out.startswith(
+        f"Training stopped before it started: Nothing to train: the state resumed from {tmp_path / 'mine'} "
+        f"already completed "
+    )
     assert trainer.epochs_started == [] and same_weights(trainer.get_model(), source.get_model())

@@ -7,7 +7,8 @@ Under ``torchrun --max-restarts 3``: an exception raised once in a callback is r
 run ends bitwise equal to the uninterrupted one (the relaunch above meets it: one launch serves
 both cases); one raised at the same update on every attempt is recognised as the same failure, and
 the restarts run out without training up to it again. After such a failure, the first launch of
-the fixed script (its bytes changed) trains to the end on both processes.
+the fixed script (its bytes changed) trains to the end on both processes. A relaunch of the
+finished run trains nothing and says so once.
 
 The runs are ``workers/auto_resume.py`` (6 updates per epoch on 2 processes, 3 epochs, a state
 every 2 updates).
@@ -88,6 +89,20 @@ def test_relaunch_after_sigkill_resumes_on_every_process_from_the_same_state_to_
     plain = runs["plain"].results[0]
     assert [result["weights"] for result in run.results] == [plain["weights"], plain["weights"]]
     assert [result["global_step"] for result in run.results] == [TOTAL_UPDATES, TOTAL_UPDATES]
+
+
+def test_a_relaunch_of_the_finished_run_says_nothing_to_train_once_and_trains_nothing(
+    runs: dict[str, WorkerRun], tmp_path: Path
+) -> None:
+    folder = runs["plain"].out_dir.parent / "plain_states"
+    again = start_workers("auto_resume.py", tmp_path / "again", "--save-dir", str(folder)).wait()
+    # Before: a resume line ("training continues with epoch 4"), a warning on each process and a line.
+    assert again.output.count("Nothing to train") == 1, again.describe()
+    assert "training continues" not in again.output and "resuming run" not in again.output
+    assert f"the state resumed from {folder / 'final'} (the newest usable state in {folder})" in again.output
+    plain = runs["plain"].results[0]
+    assert [result["weights"] for result in again.results] == [plain["weights"], plain["weights"]]
+    assert [result["global_step"] for result in again.results] == [TOTAL_UPDATES, TOTAL_UPDATES]
 
 
 REPEATED_AT_UPDATE = 15  # after the state of update 14

@@ -1,7 +1,8 @@
 """The range test and Optuna's pruning on a real group of 2 processes (tests/distributed/workers/tune_worker.py):
 the range test gives the losses and the suggestion of one process at the same global batch, a
 train() after it is bit for bit the one without it, and a trial pruned by the main process's
-study ends train() with TrialPruned on both processes after the same evaluation."""
+study ends train() with TrialPruned on both processes after the same evaluation, and under
+resume_from="auto" is never recorded as a failure (so never held back as a repeated one)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,11 @@ def test_a_trial_that_is_not_pruned_reports_every_epoch_and_runs_to_its_end(
         r["global_step"] for r in runs
     ] == [40, 40]
     assert runs[0]["reported"] == {str(epoch): loss for epoch, loss in enumerate(runs[0]["eval_losses"])}
+
+
+def test_a_pruned_trial_under_auto_resume_records_no_failure_on_any_process(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Before: each launch recorded a failure on each process; the third was a RepeatedFailureError.
+    assert [rank["auto_pruned"] for rank in ranks] == [["pruned"] * 3] * 2
+    assert [rank["records_left"] for rank in ranks] == [False, False]

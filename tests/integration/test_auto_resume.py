@@ -169,14 +169,9 @@ def test_auto_on_a_finished_run_trains_nothing_touches_no_state_and_says_how_to_
     finished = run(folder)
     written = {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
     capsys.readouterr()
-    with pytest.warns(UserWarning, match="Nothing to train"):
-        again = run(folder)
-    out = capsys.readouterr().out
-    assert (
-        f"Nothing to train: the state resumed from {folder} already completed 3 epochs (num_epochs=3). Pass a "
-        f'larger num_epochs to continue. resume_from="auto" continues the run whose states are in {folder}; '
-        f"to start a new run, save into another (or an empty) folder." in out
-    )
+    again = run(folder)
+    out = capsys.readouterr().out  # the line's text: tests/unit/test_resume_messages.py
+    assert out.count("Nothing to train") == 1 and "to start a new run, save into another" in out
     assert {path.name: path.stat().st_mtime_ns for path in folder.iterdir()} == written
     assert again.progress.global_step == finished.progress.global_step == 12
 
@@ -410,6 +405,12 @@ def test_a_stop_is_not_a_failure_and_records_nothing(tmp_path: Path) -> None:
 
     run(tmp_path / "checkpoints", 3, Stop())
     assert not (tmp_path / "checkpoints" / ".failures").exists()
+    # A stop past a failure recorded before ends the run on purpose: it clears that record too.
+    with pytest.raises(RuntimeError):
+        run(tmp_path / "again", 3, FailAt(2))
+    assert (tmp_path / "again" / ".failures" / "rank0.json").is_file()
+    run(tmp_path / "again", 3, Stop())
+    assert not (tmp_path / "again" / ".failures").exists()
 
 
 def raised(message: str, own: bool = False) -> RuntimeError:

@@ -7,13 +7,19 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from pytorch_accelerated.callbacks import OptunaPruningCallback, StepBasedEvaluationCallback, TrainerCallback
+from pytorch_accelerated.callbacks import (
+    OptunaPruningCallback,
+    SaveTrainingStateCallback,
+    StepBasedEvaluationCallback,
+    TrainerCallback,
+)
 from pytorch_accelerated.trainer import Trainer
 from tests.helpers import REPO_ROOT, make_regression_data, make_trainer, subprocess_env
 
@@ -71,6 +77,42 @@ def test_study_optimize_records_the_pruned_trial_with_its_last_value() -> None:
     study.optimize(objective, n_trials=1)
     (trial,) = study.trials
     assert trial.state == optuna.trial.TrialState.PRUNED and trial.value == trial.intermediate_values[1]
+
+
+# ---------------------------------------------------------------------------- resume_from="auto"
+
+
+class FailsAt(TrainerCallback):
+    def on_train_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        if trainer.progress.global_step == 3:
+            raise RuntimeError("a real failure at update 3")
+
+
+def auto_trial(folder: Path, *extra: TrainerCallback) -> type[BaseException] | None:
+    """One launch of a trial pruned after its second evaluation (update 16), saving into ``folder``
+    with ``resume_from="auto"``; what it raised."""
+    _, trial = new_trial(optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=1))
+    trainer = make_trainer((OptunaPruningCallback(trial), SaveTrainingStateCallback(folder), *extra))
+    try:
+        trainer.train(TRAIN, num_epochs=6, eval_dataset=EVAL, per_device_batch_size=8, resume_from="auto")
+    except Exception as error:  # noqa: BLE001 (what each launch ends with is the result)
+        return type(error)
+    return None
+
+
+def test_a_pruned_trial_under_auto_resume_is_no_failure_however_often_it_is_launched(tmp_path: Path) -> None:
+    folder = tmp_path / "trial"
+    outcomes = [auto_trial(folder) for _ in range(3)]
+    assert outcomes == [optuna.TrialPruned] * 3  # before: the third launch was a RepeatedFailureError
+    assert not (folder / ".failures").exists()
+
+
+def test_a_pruned_trial_clears_the_record_of_an_earlier_real_failure(tmp_path: Path) -> None:
+    folder = tmp_path / "trial"
+    assert auto_trial(folder, FailsAt()) is RuntimeError
+    assert (folder / ".failures" / "rank0.json").is_file()  # a real failure is recorded
+    assert auto_trial(folder) is optuna.TrialPruned  # it got past update 3: the run ended on purpose
+    assert not (folder / ".failures").exists()
 
 
 class RecordsAccuracy(TrainerCallback):

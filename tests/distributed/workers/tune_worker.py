@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import torch
 from common import (
@@ -26,7 +28,7 @@ from common import (
 from torch import nn
 
 from pytorch_accelerated import Trainer
-from pytorch_accelerated.callbacks import OptunaPruningCallback
+from pytorch_accelerated.callbacks import OptunaPruningCallback, SaveTrainingStateCallback
 
 RANGE = {"start_lr": 1e-3, "end_lr": 100.0, "num_steps": 40}
 
@@ -61,15 +63,17 @@ def train_after(range_test_first: bool) -> dict:
     return state_dict_to_lists(trainer.get_model())
 
 
-def trial_run(pruner: optuna.pruners.BasePruner) -> dict:
+def trial_run(pruner: optuna.pruners.BasePruner, states: Path | None = None) -> dict:
+    """A trial; ``states``: saved there with ``resume_from="auto"``."""
     study = optuna.create_study(pruner=pruner) if rank() == 0 else None
     trial = study.ask() if study is not None else None
     model = make_mlp(seed=0)
+    saves = () if states is None else (SaveTrainingStateCallback(states),)
     trainer = Trainer(
         model,
         nn.MSELoss(),
         torch.optim.SGD(model.parameters(), lr=0.05),
-        callbacks=(OptunaPruningCallback(trial),),
+        callbacks=(OptunaPruningCallback(trial), *saves),
     )
     outcome = "completed"
     try:
@@ -78,9 +82,12 @@ def trial_run(pruner: optuna.pruners.BasePruner) -> dict:
             num_epochs=5,
             eval_dataset=RegressionDataset(24, seed=2),
             per_device_batch_size=4,
+            resume_from=None if states is None else "auto",
         )
     except optuna.TrialPruned:
         outcome = "pruned"
+    except Exception as error:  # noqa: BLE001 (a launch held back is the result)
+        outcome = type(error).__name__
     reported = study.trials[0].intermediate_values if study is not None else None
     return {
         "outcome": outcome,
@@ -93,12 +100,15 @@ def trial_run(pruner: optuna.pruners.BasePruner) -> dict:
 def main() -> None:
     args = parse_args({"batch": 8})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    pruner = optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=1)
     result = {
         "range_test": range_test(args.batch),
         "after_range_test": train_after(True),
         "without_range_test": train_after(False),
-        "pruned": trial_run(optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=1)),
+        "pruned": trial_run(pruner),
         "not_pruned": trial_run(optuna.pruners.NopPruner()),
+        "auto_pruned": [trial_run(pruner, args.out / "trial")["outcome"] for _ in range(3)],
+        "records_left": (args.out / "trial" / ".failures").exists(),
     }
     write_result(args.out, result)
     torch.distributed.barrier()  # both results are written before either process tears the group down
