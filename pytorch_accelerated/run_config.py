@@ -5,7 +5,7 @@
 - :class:`RunIdentity`: which run this is (its id, its earlier ``train()`` calls' updates, the
   history epoch it started at), recorded by its training states;
 - :class:`LoopState`: the loop's own working state (running losses, accumulation weighting, step
-  metrics, the epoch's phase).
+  metrics, the epoch's phase, where ``max_num_train_steps`` cut an epoch short: :class:`CutShort`).
 
 The training loader's shuffle sampler is the loaders' (:class:`~.loaders.TrainerLoaders`), and the exit
 code of a stop by a signal travels with its :class:`~.callbacks.StopTrainingError`.
@@ -255,6 +255,25 @@ class RunIdentity:
         self.steps_before = int(state.get("steps_before", 0))
 
 
+@dataclass(frozen=True)
+class CutShort:
+    """The run as ``max_num_train_steps`` left it when it ended the run before the last batch of an
+    epoch: at that update, before the epoch's metrics, evaluation and end events ran. Every training
+    state saved after it records this (not the next epoch, where the loop moves on): a relaunch with a
+    larger limit continues the epoch from there, as a longer run would have gone on.
+
+    Attributes:
+        position: :class:`RunProgress`'s ``state_dict()`` at the cut.
+        run_history: the run history's ``state_dict()`` at the cut (without the cut epoch's
+            ``train_loss_epoch`` and evaluation, which the continued run records for the whole epoch).
+        rng_states: this process's RNG states at the cut (the evaluation after it draws from them).
+    """
+
+    position: dict[str, int]
+    run_history: dict[str, Any]
+    rng_states: dict[str, Any]
+
+
 @dataclass
 class LoopState:
     """The loop's own working state during a run; each ``train()`` starts a new one. Not meant to be
@@ -271,6 +290,8 @@ class LoopState:
             a state saved during its evaluation resumes with that evaluation.
         epoch_finished: the current epoch's last event has fired: a state saved now resumes at
             the start of the next epoch.
+        cut_short: where ``max_num_train_steps`` ended the run before the last batch of an epoch
+            (None: it did not); states saved after the cut record the run as it was there.
     """
 
     train_loss: LossTracker = field(default_factory=LossTracker)
@@ -280,13 +301,15 @@ class LoopState:
     step_metrics: StepMetrics = field(default_factory=StepMetrics)
     epoch_trained: bool = False
     epoch_finished: bool = False
+    cut_short: CutShort | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """What every process shares: the loss weighting unit, and whether the epoch's training was done."""
         return {
             "loss_weight_unit": self.window.unit if self.window is not None else None,
-            # Saved during the epoch's evaluation: a resumed run evaluates, without training again.
-            "epoch_trained": self.epoch_trained and not self.epoch_finished,
+            # Saved during the epoch's evaluation: a resumed run evaluates, without training again
+            # (unless the limit cut the epoch's training short: a longer run trains the rest).
+            "epoch_trained": self.epoch_trained and not self.epoch_finished and self.cut_short is None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

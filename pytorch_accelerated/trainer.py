@@ -62,6 +62,7 @@ from .callbacks.training_state import auto_resume_folder
 from .checkpoints import model_files
 from .checkpoints.auto_resume import AUTO, AutoResume, training_began
 from .checkpoints.resume import Resumed, ResumePlan
+from .checkpoints.rng import capture_rng_states
 from .checkpoints.store import TrainingStateStore
 from .checkpoints.training_objects import TrainingObjects
 from .data import (
@@ -73,7 +74,7 @@ from .data import (
 from .loaders import TrainerLoaders
 from .placeholders import TrainerPlaceholderValues, replace_trainer_placeholder_values
 from .prediction import model_outputs
-from .run_config import LoopState, RunIdentity, RunProgress, TrainerRunConfig
+from .run_config import CutShort, LoopState, RunIdentity, RunProgress, TrainerRunConfig
 from .run_history import InMemoryRunHistory, LossTracker, RunHistory
 from .train_arguments import TrainArguments
 from .utils import remove_padding, worker_init_fn  # re-exported, as in 0.1.61
@@ -783,9 +784,8 @@ class Trainer:
         train_dl = self._start_train_epoch(train_dl)
         config, progress, step_metrics = self._config(), self.progress, self.loop_state.step_metrics
         window_weight: Any = 0
-        windows = accumulation_windows(
-            train_dl, progress.batch_index, config.gradient_accumulation_steps, batches_per_epoch(train_dl)
-        )
+        start, num_batches = progress.batch_index, batches_per_epoch(train_dl)
+        windows = accumulation_windows(train_dl, start, config.gradient_accumulation_steps, num_batches)
         for step, batch, window_size, is_update_step in step_metrics.timed(windows):
             self.callback_handler.call_event("on_train_step_start", self)
             # Gradients are only all-reduced on the batch that completes an update.
@@ -807,7 +807,11 @@ class Trainer:
                 step=step,
                 is_update_step=is_update_step,
             )
-            if is_update_step and config.train_steps_limit is not None and self._reached_max_steps():
+            if (
+                is_update_step
+                and config.train_steps_limit is not None
+                and self._stops_at_limit(start, num_batches)
+            ):
                 break
         check_stream_gave_batches(self.progress.batch_index, self.train_dataset)
         loss = self.loop_state.train_loss
@@ -923,6 +927,18 @@ class Trainer:
         if not self.eval_batch_is_padding:  # zero rows, to even out batch counts
             eval_loss.update(batch_output["loss"], batch_output["batch_size"])
         self.callback_handler.call_event("on_eval_step_end", self, batch=batch, batch_output=batch_output)
+
+    def _stops_at_limit(self, start: int, num_batches: int | None) -> bool:
+        """Whether ``max_num_train_steps`` ends the run at this update; where it ends it before the
+        last of the epoch's ``num_batches`` after ``start`` (None: a stream's, not known), the run as it
+        is now is what its states record (:class:`~.run_config.CutShort`)."""
+        if not self._reached_max_steps():
+            return False
+        if num_batches is None or self.progress.batch_index < start + num_batches:
+            self.loop_state.cut_short = CutShort(
+                self.progress.state_dict(), self.run_history.state_dict(), capture_rng_states()
+            )
+        return True
 
     def _reached_max_steps(self) -> bool:
         limit = self.run_config.train_steps_limit if self.run_config else None

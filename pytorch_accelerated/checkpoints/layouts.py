@@ -134,7 +134,7 @@ class PlainLayout(StateLayout):
         whole and ``trainer_state.pt``."""
         contents: dict[str, Any] = {
             f"rng_state_{objects.accelerator.process_index}.pt": {
-                "rng": capture_rng_states(),
+                "rng": cut.rng_states if (cut := objects.loop_state.cut_short) else capture_rng_states(),
                 **objects.loop_state.process_state_dict(position["batch_index"] > 0),
             }
         }
@@ -380,7 +380,8 @@ def trainer_state(
     """``trainer_state.pt``: the position, the run history, each callback's state and the shared
     part of the run's working state, with the user's ``checkpoint_kwargs``."""
     run_state = resume.run_state_dict(objects)
-    history = objects.run_history.state_dict()
+    cut = objects.loop_state.cut_short  # the limit ended the run mid-epoch: the run as it was there
+    history = dict(cut.run_history) if cut is not None else objects.run_history.state_dict()
     # The history's epoch follows the saved position (older versions read it from here).
     history["current_epoch"] = run_state["history_first_epoch"] + position["epoch"]
     callbacks = {

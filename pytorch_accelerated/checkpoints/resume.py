@@ -141,11 +141,14 @@ class Resumed(dict[str, Any]):
 
 
 def position_to_save(objects: TrainingObjects) -> dict[str, int]:
-    """The position a state saved now records: where a resumed run continues.
+    """The position a state saved now records: where a resumed run continues (after a cut by
+    ``max_num_train_steps`` before an epoch's last batch, the cut: see ``run_config.CutShort``).
 
     Raises:
         RuntimeError: in the middle of an accumulation window (its gradients would be lost).
     """
+    if (cut := objects.loop_state.cut_short) is not None:  # the limit ended the run mid-epoch: there
+        return dict(cut.position)
     position = objects.progress.state_dict()
     config = objects.run_config
     if objects.loop_state.epoch_finished:
