@@ -9,6 +9,7 @@ every epoch; the cut run is limited to 20 updates (4 batches into epoch 2).
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,13 @@ def test_a_relaunch_with_a_larger_limit_continues_the_cut_epoch_and_ends_as_the_
     assert history(trainer) == history(expected)
 
 
-def test_a_relaunch_with_the_same_limit_says_the_limit_is_reached(cut_run: Path, tmp_path: Path) -> None:
-    with pytest.warns(
-        UserWarning,
-        match=r"already completed 20 optimizer updates \(max_num_train_steps=20\)\. "
+def test_a_relaunch_with_the_same_limit_says_the_limit_is_reached(
+    cut_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = run(tmp_path / "again", CUT_AT, resume_from=cut_run / "final")
+    assert re.search(
+        r"Nothing to train: .* already completed 20 optimizer updates \(max_num_train_steps=20\)\. "
         r"Pass a larger max_num_train_steps to continue\.",
-    ):
-        run(tmp_path / "again", CUT_AT, resume_from=cut_run / "final")
+        capsys.readouterr().out,
+    )
+    assert trainer.progress.global_step == CUT_AT  # nothing was trained
