@@ -166,6 +166,7 @@ def test_resuming_a_finished_run_says_nothing_is_left_to_train_and_fires_no_even
     finished_state: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    recwarn: pytest.WarningsRecorder,
     settings: dict[str, Any],
     done: str,
 ) -> None:
@@ -180,6 +181,7 @@ def test_resuming_a_finished_run_says_nothing_is_left_to_train_and_fires_no_even
     assert events == []  # no start, no end: nothing ran, so nothing is saved over anything
     assert not saves.exists()
     assert re.fullmatch(f"Training stopped before it started: {expected}\n", capsys.readouterr().out)
+    assert not [w for w in recwarn if "Nothing to train" in str(w.message)]  # said once, as a line
     saved_weights = torch.load(finished_state / "model.pt", weights_only=True)
     torch.testing.assert_close(trainer.get_model().state_dict(), saved_weights, rtol=0, atol=0)
 
