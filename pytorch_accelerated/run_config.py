@@ -231,21 +231,31 @@ class RunIdentity:
             ``progress.epoch`` from there.
         asked_accumulation: the ``gradient_accumulation_steps`` given to ``train()`` (the run's
             own may differ: ``resume_from="auto"`` keeps a state's global batch); states record it.
+        stage: which ``train()`` call of the Trainer this is, from 1 (its stage); states record
+            it, so that ``resume_from="auto"`` resumes each call of a script with several from its
+            own states. Set by each call, never loaded from a state.
     """
 
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
     steps_before: int = 0
     history_first_epoch: int = 1
     asked_accumulation: int | None = None
+    stage: int = 1
 
     def run_step(self, progress: RunProgress) -> int:
         """The run's optimizer updates so far, over its ``train()`` calls."""
         return self.steps_before + progress.global_step
 
+    def origin(self, progress: RunProgress) -> dict[str, Any]:
+        """Where the run is, as a failure record of ``resume_from="auto"`` names where a run started:
+        its id, update over its ``train()`` calls, and stage."""
+        return {"run_id": self.run_id, "update": self.run_step(progress), "stage": self.stage}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "history_first_epoch": self.history_first_epoch,
             "run_id": self.run_id,
+            "stage": self.stage,
             "steps_before": self.steps_before,
         }
 

@@ -144,6 +144,7 @@ class Trainer:
         self.progress, self.run_identity, self.loop_state = RunProgress(), RunIdentity(), LoopState()
         self.last_grad_norm: torch.Tensor | None = None
         self._resumed: Resumed | None = None  # what train(resume_from=...) restored, for the run's start
+        self._train_calls = 0  # train() calls so far: each is a stage of the script (resume_from="auto")
         self._run_end_event("on_init_end")
 
     def _create_accelerator(self) -> Accelerator:
@@ -215,10 +216,14 @@ class Trainer:
         """What ``train()`` does with its checked ``arguments``: choose the state to resume, once
         (:class:`~.checkpoints.resume.ResumePlan`), set up, then ``_run_training`` guarded (stops,
         failures and the end hooks; see :meth:`_run_guarded`)."""
+        self._train_calls += 1  # this call's stage (states record it)
         plan, relaunch, body = None, None, self._run_training
         if arguments.resume_from == AUTO:  # decided now, by every process alike
-            relaunch = AutoResume(self._accelerator, auto_resume_folder(self.callback_handler))
+            folder = auto_resume_folder(self.callback_handler)
+            relaunch = AutoResume(self._accelerator, folder, stage=self._train_calls)
             plan = relaunch.choose()
+            if relaunch.stage_finished:  # a later stage resumes its own state: nothing to do here
+                return
             body = functools.partial(self._recording_failures, relaunch)
         elif arguments.resume_from is not None:
             plan = ResumePlan.of(arguments.resume_from)
@@ -595,8 +600,10 @@ class Trainer:
             self._resume(plan)
             self._check_something_left_to_train(plan)
         if relaunch is not None:
-            origin = {"run_id": self.run_identity.run_id, "update": self.run_identity.run_step(self.progress)}
-            relaunch.check_not_repeating(origin if plan is not None else None)
+            # A resume starts where the state it resumed left the run; a new run, or a stage that
+            # starts after an earlier stage's state, where choose() said.
+            origin = self.run_identity.origin(self.progress) if plan is not None else relaunch.origin
+            relaunch.check_not_repeating(origin)
 
     def _run_accumulation(self, arguments: TrainArguments, plan: ResumePlan | None) -> int:
         """The run's ``gradient_accumulation_steps``: the one given, but where ``resume_from="auto"``
@@ -657,7 +664,7 @@ class Trainer:
                 self.run_identity.run_id,
                 self.run_identity.run_step(self.progress),
             )
-        identity.history_first_epoch = self.run_history.current_epoch
+        identity.history_first_epoch, identity.stage = self.run_history.current_epoch, self._train_calls
         if self._accelerator.num_processes > 1:  # one id for the run: the main process's
             identity.run_id = broadcast_object_list([identity.run_id])[0]
         self.last_grad_norm, self._resumed = None, None

@@ -55,11 +55,15 @@ class RepeatedFailureError(RuntimeError):
 class AutoResume:
     """The choice of ``resume_from="auto"`` for a run whose states are saved into ``folder``."""
 
-    def __init__(self, accelerator: Any, folder: Path) -> None:
+    def __init__(self, accelerator: Any, folder: Path, stage: int = 1) -> None:
         self.accelerator = accelerator
         self.folder = folder
+        self.stage = stage  # which train() call of the Trainer this is (its states record it)
         self.failures: list[dict[str, Any]] = []  # the records every machine's folder holds
-        self.origin: dict[str, Any] | None = None  # the state the run resumed from (None: new)
+        # The state the run resumed from, or the state of an earlier stage this stage starts after
+        # (None: a new run).
+        self.origin: dict[str, Any] | None = None
+        self.stage_finished = False  # the folder's newest state is of a later stage: nothing to do
         self.code = code_identity()
 
     def choose(self) -> ResumePlan | None:
@@ -69,6 +73,12 @@ class AutoResume:
         When every machine sees the same states, the folder's: its newest complete, verified state is
         taken, as with ``resume_from=folder``. When their folders differ, the newest state that every
         machine has. None when no machine has any (then one line says a new run starts).
+
+        Each ``train()`` call of a script is a stage (:attr:`stage`), and states record theirs: when the
+        newest state is of an earlier stage, this stage starts after it (None, said in one line: the
+        model is as the earlier call left it); when it is of a later stage, this stage finished in an
+        earlier launch: :attr:`stage_finished` is set (None, said in one line), and the call trains
+        nothing, for the later stage resumes its own state.
 
         Raises:
             ValueError: on every process, when a folder cannot be read or holds only states of
@@ -85,15 +95,40 @@ class AutoResume:
         # failure that the state to resume (the first one a resume tries) would repeat.
         if held := next((node["held"] for node in nodes if node["held"]), None):
             raise folder_lock.FolderInUseError(held)
-        self.check_not_repeating(_first_origin(nodes[0], chosen))
+        name, origin = _first_state(nodes[0], chosen)
+        if not self._this_stage(name, origin):
+            return None
+        self.check_not_repeating(origin)
         if chosen is None:
-            if accelerator.is_main_process:
-                print(f'resume_from="auto": no training state in {self.folder}, starting a new run')
+            self._say(f"no training state in {self.folder}, starting a new run")
+            return None
+        if origin is not None and origin["stage"] < self.stage:
+            self._say(
+                f"stage {self.stage} (train() call {self.stage} of the script) starts here, from the model "
+                f"as stage {origin['stage']} left it (its newest state in {self.folder}: {name})"
+            )
             return None
         if chosen != self.folder:  # the newest state every machine has
             return ResumePlan(chosen, (chosen,), explicit=True, auto=True)
         names = nodes[0]["states"]  # the folder itself ("."), or its states, in the order to try them
         return ResumePlan(self.folder, tuple(self.folder / name for name in names), names == ["."], auto=True)
+
+    def _this_stage(self, name: str | None, origin: dict[str, Any] | None) -> bool:
+        """False, said in one line, when the newest state (``name``, where it starts: ``origin``) is
+        of a later stage than this one: this stage finished in an earlier launch."""
+        if origin is None or origin["stage"] <= self.stage:
+            return True
+        self.stage_finished = True
+        self._say(
+            f"stage {self.stage} (train() call {self.stage} of the script) finished in an earlier launch: "
+            f"the newest state in {self.folder}, {name}, was saved by stage {origin['stage']}, which "
+            f"resumes it. Nothing to train in this call."
+        )
+        return False
+
+    def _say(self, line: str) -> None:
+        if self.accelerator.is_main_process:
+            print(f'resume_from="auto": {line}')
 
     def check_not_repeating(self, origin: dict[str, Any] | None) -> None:
         """Before training: note where the run starts (``origin``: the ``run_id`` and ``update`` of
@@ -266,13 +301,14 @@ def _repeated_message(folder: Path, repeated: list[dict[str, Any]], origin: dict
     )
 
 
-def _first_origin(node: dict[str, Any], chosen: Path | None) -> dict[str, Any] | None:
-    """Where a resume of ``chosen`` starts, as the main process's machine sees it: the run and
-    update of the first state it tries (None for a new run, or when no state's manifest reads)."""
+def _first_state(node: dict[str, Any], chosen: Path | None) -> tuple[str | None, dict[str, Any] | None]:
+    """The first state a resume of ``chosen`` tries whose manifest reads, as the main process's
+    machine sees it, and where a resume of it starts: its run, update and stage ((None, None) for a
+    new run, or when no state's manifest reads)."""
     if chosen is None:
-        return None
+        return None, None
     names = node["states"] if chosen == node.get("folder") else [chosen.name]
-    return next((node["origins"][name] for name in names if node["origins"].get(name)), None)
+    return next(((name, node["origins"][name]) for name in names if node["origins"].get(name)), (None, None))
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -335,7 +371,14 @@ def _view(folder: Path, rank: int) -> dict[str, Any]:
 
 def _origin_of(state: Path) -> dict[str, Any] | None:
     manifest = read_manifest(state)
-    return None if manifest is None else {"run_id": manifest.get("run_id"), "update": run_step(manifest)}
+    if manifest is None:
+        return None
+    # A state of an older version, which had no stages, is of stage 1.
+    return {
+        "run_id": manifest.get("run_id"),
+        "update": run_step(manifest),
+        "stage": int(manifest.get("stage", 1)),
+    }
 
 
 def _states_in(folder: Path) -> list[str]:

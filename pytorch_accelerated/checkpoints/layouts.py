@@ -169,6 +169,7 @@ class PlainLayout(StateLayout):
             "num_batches_per_epoch": batches_per_epoch(loader) if loader is not None else None,
             "run_id": identity.run_id,  # the run that wrote it, and its updates over its train() calls
             "run_step": identity.steps_before + position["global_step"],
+            "stage": identity.stage,  # the train() call that wrote it (resume_from="auto" resumes its own)
             # What train() was given: a resume on another number of processes may change it.
             "asked_accumulation_steps": identity.asked_accumulation,
         }

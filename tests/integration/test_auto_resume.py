@@ -297,7 +297,7 @@ def test_the_same_failure_again_is_noted_and_the_next_auto_launch_ends_before_tr
         "update": 7,
         "epoch": 2,
         "batch": 3,
-        "resumed_from": {"run_id": run_id, "update": 6},
+        "resumed_from": {"run_id": run_id, "update": 6, "stage": 1},
         "rank": 0,
         "script": str(entry_script),
         "script_sha256": digest,

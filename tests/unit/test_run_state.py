@@ -359,6 +359,7 @@ def test_a_state_records_the_weighting_unit_the_shuffle_seed_and_the_first_histo
         "train_samples",
         "samples_skipped",
         "run_id",
+        "stage",
         "steps_before",
     }
     assert saved["epoch_trained"] is False  # the run ended: nothing of an epoch is done
@@ -370,6 +371,7 @@ def test_a_state_records_the_weighting_unit_the_shuffle_seed_and_the_first_histo
     fresh = make_trainer()
     assert run_state_dict(fresh._training_objects()) == {
         "run_id": fresh.run_identity.run_id,
+        "stage": 1,
         "steps_before": 0,
         "loss_weight_unit": None,
         "shuffle_seed": None,
