@@ -316,6 +316,7 @@ class TrainerSnapshot:
         "last_grad_norm",
         "run_history",
         "callback_handler",
+        "_train_calls",  # the test is no stage of the script (resume_from="auto")
     )
 
     def __init__(self, trainer: Trainer) -> None:

@@ -58,7 +58,7 @@ from .callbacks import (  # the default callbacks are re-exported, as in 0.1.61
     TrainerCallback,
 )
 from .callbacks.limits import limit_batches_callback_from_env
-from .callbacks.training_state import auto_resume_folder
+from .callbacks.training_state import auto_resume_folder, stopped_by_signal
 from .checkpoints import model_files
 from .checkpoints.auto_resume import AUTO, AutoResume, training_began
 from .checkpoints.resume import Resumed, ResumePlan
@@ -216,17 +216,25 @@ class Trainer:
         """What ``train()`` does with its checked ``arguments``: choose the state to resume, once
         (:class:`~.checkpoints.resume.ResumePlan`), set up, then ``_run_training`` guarded (stops,
         failures and the end hooks; see :meth:`_run_guarded`)."""
-        self._train_calls += 1  # this call's stage (states record it)
+        stage = self._train_calls + 1  # this call's stage (states record it); a refused call is none
         plan, relaunch, body = None, None, self._run_training
         if arguments.resume_from == AUTO:  # decided now, by every process alike
             folder = auto_resume_folder(self.callback_handler)
-            relaunch = AutoResume(self._accelerator, folder, stage=self._train_calls)
-            plan = relaunch.choose()
-            if relaunch.stage_finished:  # a later stage resumes its own state: nothing to do here
+            if stage > 1 and stopped_by_signal(self.callback_handler):
+                self.print(
+                    f'resume_from="auto": stage {stage} does not start: stage {stage - 1} was stopped by a '
+                    f"signal before it finished (its state is saved in {folder}). End the script when "
+                    f"SaveTrainingStateCallback.signal_received is set; its relaunch resumes stage {stage - 1}."
+                )
                 return
+            relaunch = AutoResume(self._accelerator, folder, stage=stage)
+            plan = relaunch.choose()
             body = functools.partial(self._recording_failures, relaunch)
         elif arguments.resume_from is not None:
             plan = ResumePlan.of(arguments.resume_from)
+        self._train_calls = stage
+        if relaunch is not None and relaunch.stage_finished:  # a later stage resumes its own state
+            return
         set_up = functools.partial(self._set_up_training, arguments, plan, relaunch)
         stop = self._run_guarded(set_up, body, end="training_run_end", stopped="Training stopped")
         if stop is not None and stop.exit_code is not None:  # a signal's stop under torchrun: see its line

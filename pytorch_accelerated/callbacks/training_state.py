@@ -365,6 +365,15 @@ def _delete_old_states(save_dir: Path, keep: int, just_saved: Path | None) -> No
         remove_entry(path, ignore_errors=True)
 
 
+def stopped_by_signal(callback_handler: CallbackHandler) -> bool:
+    """Whether a :class:`SaveTrainingStateCallback` of the Trainer stopped its last run on a signal
+    (the same answer on every process: the stop is agreed)."""
+    return any(
+        isinstance(callback, SaveTrainingStateCallback) and callback._stopped_by_signal
+        for callback in callback_handler.callbacks
+    )
+
+
 def auto_resume_folder(callback_handler: CallbackHandler) -> Path:
     """The folder that ``resume_from="auto"`` resumes from: the ``save_dir`` of the Trainer's
     :class:`SaveTrainingStateCallback` (or subclass).
