@@ -842,6 +842,8 @@ class Trainer:
             self.loaders.train_generator.manual_seed(sampler.seed + self.progress.epoch)
         loader_before = self.loaders.train
         self._run_method_then_event("train_epoch_start")
+        # Parameters unfrozen since the model was wrapped (by now, or by a resume) train in sync too.
+        self.model = self._preparation.rewrap_if_trainable_changed(self.model)
         if self.loaders.train is not loader_before:  # replaced by a callback for this epoch
             train_dl = self.loaders.train
         if self.progress.batch_index == 0 and not (

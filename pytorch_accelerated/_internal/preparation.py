@@ -12,7 +12,10 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from accelerate.utils.deepspeed import DummyOptim
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+
+from .distributed import ranks_where
 
 
 class Preparation:
@@ -25,6 +28,8 @@ class Preparation:
         direct_steps: True where the loop calls ``loss.backward()`` and steps the optimizer
             itself because accelerate's wrappers would only call through (see
             :func:`prepare_optimizer`).
+        trainable: which of the model's parameters required gradients when it was wrapped (see
+            :meth:`rewrap_if_trainable_changed`).
     """
 
     def __init__(self, accelerator: Accelerator) -> None:
@@ -32,6 +37,7 @@ class Preparation:
         self.model: nn.Module | None = None
         self.optimizer: Any = None
         self.direct_steps = False
+        self.trainable: tuple[bool, ...] = ()
 
     def prepare(self, model: nn.Module, optimizer: Any, train_loader: Any) -> tuple[nn.Module, Any, Any]:
         """Wrap the model and optimizer for distribution (once), and prepare the training loader.
@@ -57,6 +63,7 @@ class Preparation:
         if self.model is None or model is not self.model:
             if any(parameter.requires_grad for parameter in model.parameters()):
                 model = self.model = accelerator.prepare(model)
+                self.trainable = trainable_flags(model)
             else:
                 model = accelerator.prepare_model(model, evaluation_mode=True)
         if optimizer is not None and optimizer is not self.optimizer:
@@ -65,6 +72,44 @@ class Preparation:
         if needs_preparing(train_loader):
             train_loader = accelerator.prepare(train_loader)
         return model, optimizer, train_loader
+
+    def rewrap_if_trainable_changed(self, model: nn.Module) -> nn.Module:
+        """``model``, wrapped again when the parameters that require gradients are no longer those
+        it was wrapped with (a collective call under DDP: every process must make it).
+
+        ``DistributedDataParallel`` all-reduces the gradients of the parameters that required them
+        when it wrapped the model, and only theirs: a parameter unfrozen later (a fine-tuning stage,
+        a callback that unfreezes the backbone, a resume that restores ``requires_grad``) would be
+        trained on each process's own gradients, and the processes' weights would drift apart
+        without a word. Wrapping again registers them; the wrapper starts from process 0's weights,
+        which every process shares here.
+
+        Raises:
+            RuntimeError: when the parameters that train changed on some processes only.
+        """
+        if not isinstance(model, DistributedDataParallel) or model is not self.model:
+            return model
+        changed = ranks_where(self.accelerator, trainable_flags(model) != self.trainable)
+        if not changed:
+            return model
+        if len(changed) < self.accelerator.num_processes:
+            raise RuntimeError(
+                f"The parameters that require gradients changed on process(es) {changed} only, of "
+                f"{self.accelerator.num_processes}: every process must freeze and unfreeze the same "
+                f"parameters at the same point (in a callback, or between train() calls, alike on "
+                f"every process)."
+            )
+        # accelerate keeps the models it prepared (for its saves): the new wrapper replaces the old.
+        self.accelerator._models[:] = [
+            prepared for prepared in self.accelerator._models if prepared is not model
+        ]
+        self.model = self.accelerator.prepare_model(model.module)
+        self.trainable = trainable_flags(self.model)
+        return self.model
+
+
+def trainable_flags(model: nn.Module) -> tuple[bool, ...]:
+    return tuple(parameter.requires_grad for parameter in model.parameters())
 
 
 def prepare_optimizer(accelerator: Accelerator, optimizer: Any) -> tuple[Any, bool]:

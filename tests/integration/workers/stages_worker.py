@@ -21,7 +21,8 @@ stage has saved anything. ``--signal S:N``: it sends itself SIGTERM there instea
 saves the state and stops the run; the script goes on). ``--range-test``: a learning-rate range
 test (5 updates) before stage 1.
 
-At the end it writes ``DIR/result.pt``: the final weights, and for each call the number of updates it
+On 2 processes (tests/distributed/test_stages_two_processes.py) each writes ``DIR/rank{R}.json``:
+its weights and each call's updates. On 1, at the end it writes ``DIR/result.pt``: the final weights, and for each call the number of updates it
 trained, the events the Trainer fired, and ``trainer.progress.global_step`` and ``run_identity``'s
 ``run_id`` and ``steps_before`` after it.
 """
@@ -29,6 +30,7 @@ trained, the events the Trainer fired, and ``trainer.progress.global_step`` and 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 from pathlib import Path
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--kill-at", default="")
     parser.add_argument("--signal", default="")
     parser.add_argument("--range-test", action="store_true")
+    parser.add_argument("--batch", type=int, default=BATCH, help="per process")
     args = parser.parse_args()
     killer = KillAt(*map(int, args.kill_at.split(":"))) if args.kill_at else None
     if args.signal:
@@ -108,7 +111,7 @@ def main() -> None:
         trainer.train(
             DATA,
             num_epochs=num_epochs,
-            per_device_batch_size=BATCH,
+            per_device_batch_size=args.batch,
             reset_run_history=stage == 1,
             resume_from=resume_from,
         )
@@ -122,7 +125,15 @@ def main() -> None:
             }
         )
     weights = {name: value.detach().clone() for name, value in trainer.get_model().state_dict().items()}
-    torch.save({"weights": weights, "calls": calls}, args.out / "result.pt")
+    if trainer.accelerator.num_processes == 1:
+        torch.save({"weights": weights, "calls": calls}, args.out / "result.pt")
+    else:  # each process its rank{R}.json, as tests/launch.py's worker groups read them
+        result = {
+            "num_processes": trainer.accelerator.num_processes,
+            "weights": {name: value.tolist() for name, value in weights.items()},
+            "updates": [call["updates"] for call in calls],
+        }
+        (args.out / f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
